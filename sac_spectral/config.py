@@ -1,0 +1,270 @@
+"""Typed run configuration: dataclasses, YAML files, dotted ``key=value`` overrides, validation.
+
+Every runner describes its configuration as nested dataclasses. :func:`load_config` merges the
+dataclass defaults, an optional YAML file and ``key=value`` overrides (dotted keys reach nested
+fields, values are parsed as YAML), then converts the result into the dataclasses while checking
+every key and type. Problems raise :class:`ConfigError` with a one-line message that names the
+key and the valid choices.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import yaml
+
+T = TypeVar("T")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 safe loader that also reads ``1e-4`` (no dot) as a float, as YAML 1.2 does."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse YAML with :class:`_Loader`."""
+    return yaml.load(text, Loader=_Loader)
+
+
+class ConfigError(ValueError):
+    """Invalid configuration: a one-line message naming the key and what is allowed."""
+
+
+def check(condition: bool, key: str, message: str) -> None:
+    """Raise :class:`ConfigError` for ``key`` unless ``condition`` holds."""
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML-parsed ``value`` into type ``tp`` or raise a ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=f"{key}.")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin in (list, Sequence):
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise ConfigError(f"{key}: expected a list ({_type_name(tp)}), got {value!r}")
+        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                as_float = float(value.replace("_", ""))
+            except ValueError:
+                pass
+            else:
+                if as_float.is_integer():
+                    return int(as_float)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported config type {_type_name(tp)}")
+
+
+def _unknown_key(cls: type, key: str, prefix: str) -> ConfigError:
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+    where = f"under '{prefix[:-1]}'" if prefix else "at the top level"
+    return ConfigError(
+        f"unknown config key '{prefix}{key}'{hint}; valid keys {where}: {', '.join(names)}"
+    )
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
+    """Build dataclass ``cls`` from a mapping, checking every key and type."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise _unknown_key(cls, str(key), prefix)
+    kwargs = {k: coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ConfigError as err:
+            raise ConfigError(f"{prefix}{err}") from None
+    return obj
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict of a config dataclass (YAML-serializable)."""
+    return dataclasses.asdict(cfg)
+
+
+def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and YAML-parsed value."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key=value (e.g. critic.lr=1e-4)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override '{text}': value is not valid YAML ({err.problem})") from None
+    return key.split("."), value
+
+
+def _nest(path: list[str], value: Any) -> dict[str, Any]:
+    out: Any = value
+    for part in reversed(path):
+        out = {part: out}
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, raising ConfigError for a missing file or a non-mapping document."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{path}' does not exist")
+    try:
+        data = yaml_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def merge_sources(
+    cls: type[T], file_data: Mapping[str, Any] | None, overrides: Sequence[str] = ()
+) -> T:
+    """Defaults ← YAML mapping ← ``key=value`` overrides, converted into ``cls``."""
+    data = _deep_merge(to_dict(cls()), file_data or {})
+    for text in overrides:
+        path, value = parse_override(text)
+        data = _deep_merge(data, _nest(path, value))
+    return from_dict(cls, data)
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Load ``cls`` from an optional YAML file plus dotted overrides."""
+    return merge_sources(cls, read_yaml(path) if path is not None else None, overrides)
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """Flattened ``(key, type, default, help)`` rows for ``--help``."""
+    rows: list[tuple[str, str, Any, str]] = []
+    hints = typing.get_type_hints(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, prefix=f"{prefix}{f.name}."))
+        else:
+            rows.append((f"{prefix}{f.name}", _type_name(tp), value, f.metadata.get("help", "")))
+    return rows
+
+
+def help_text(cls: type) -> str:
+    """Human-readable table of every key with its type, default and meaning."""
+    rows = describe(cls)
+    width = max(len(r[0]) for r in rows)
+    lines = []
+    for key, tp, default, doc in rows:
+        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        lines.append(f"  {key:<{width}}  {doc} [{tp}; default: {shown}]")
+    return "\n".join(lines)
+
+
+def option(default: Any, help: str) -> Any:
+    """Dataclass field with a default (copied if mutable) and a help string."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def section(cls: type, help: str = "") -> Any:
+    """Dataclass field holding a nested config section."""
+    return dataclasses.field(default_factory=cls, metadata={"help": help})
