@@ -1,0 +1,104 @@
+"""Uniform per-member views of a network's parameterized layers.
+
+Regularizers and diagnostics treat every layer the same way: a weight as a batch of matrices
+``[M, rows, cols]`` (one per member) and a bias, gain or shift as ``[M, n]``. The views share
+storage with the parameters and are differentiable, so a penalty computed on them reaches the
+parameters' gradients.
+
+- ``nn.Linear``: weight ``[out, in]`` → ``[1, out, in]``.
+- :class:`~sac_spectral.nets.BatchedLinear`: weight ``[M, in, out]`` (the transpose of nn.Linear's
+  orientation, which leaves singular values unchanged).
+- ``nn.Conv1d/2d/3d``: kernel ``[out, in, *k]`` reshaped to ``[1, out, in·∏k]``.
+- ``nn.LayerNorm`` / :class:`~sac_spectral.nets.BatchedLayerNorm`: ``kind="norm"``, gain and shift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor, nn
+
+from sac_spectral.nets import BatchedLayerNorm, BatchedLinear
+
+Kind = Literal["linear", "conv", "norm"]
+LAYER_CHOICES = ("all", "hidden")
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """One parameterized layer: ``name`` in the module tree, its ``kind`` and member count."""
+
+    name: str
+    module: nn.Module
+    kind: Kind
+    members: int
+    is_output: bool
+
+    @property
+    def weight_param(self) -> nn.Parameter | None:
+        return getattr(self.module, "weight", None)
+
+    @property
+    def bias_param(self) -> nn.Parameter | None:
+        return getattr(self.module, "bias", None)
+
+    def weight(self) -> Tensor | None:
+        """Weight as ``[M, rows, cols]`` (linear, conv) or gain as ``[M, n]`` (norm)."""
+        w = self.weight_param
+        if w is None:
+            return None
+        if self.kind == "norm":
+            return w.reshape(self.members, -1)
+        if isinstance(self.module, BatchedLinear):
+            return w
+        return w.reshape(1, w.shape[0], -1)
+
+    def bias(self) -> Tensor | None:
+        """Bias (or norm shift) as ``[M, n]``."""
+        b = self.bias_param
+        return None if b is None else b.reshape(self.members, -1)
+
+
+def _classify(module: nn.Module) -> tuple[Kind, int] | None:
+    if isinstance(module, BatchedLinear):
+        return "linear", module.members
+    if isinstance(module, BatchedLayerNorm):
+        return "norm", module.members
+    if isinstance(module, nn.Linear):
+        return "linear", 1
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return "conv", 1
+    if isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)):
+        if getattr(module, "weight", None) is None and getattr(module, "bias", None) is None:
+            return None
+        return "norm", 1
+    return None
+
+
+def layer_views(module: nn.Module, layers: str = "all") -> list[LayerView]:
+    """Views of every parameterized layer of ``module`` in registration order.
+
+    ``layers="hidden"`` drops the output layer (the last linear or conv layer).
+    """
+    if layers not in LAYER_CHOICES:
+        raise ValueError(f"layers must be one of {', '.join(LAYER_CHOICES)}, got '{layers}'")
+    found = [(name, m, c) for name, m in module.named_modules() if (c := _classify(m)) is not None]
+    weighted = [i for i, (_, _, c) in enumerate(found) if c[0] != "norm"]
+    last = weighted[-1] if weighted else -1
+    views = [
+        LayerView(name or type(m).__name__, m, c[0], c[1], i == last)
+        for i, (name, m, c) in enumerate(found)
+    ]
+    if layers == "hidden":
+        views = [v for v in views if not v.is_output]
+    return views
+
+
+def unsupported_layers(module: nn.Module) -> list[str]:
+    """Names of leaf modules that own parameters but have no view (e.g. embeddings)."""
+    out = []
+    for name, m in module.named_modules():
+        if _classify(m) is None and any(True for _ in m.parameters(recurse=False)):
+            out.append(name or type(m).__name__)
+    return out
