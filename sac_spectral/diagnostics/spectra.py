@@ -1,0 +1,28 @@
+"""Exact singular values of every weight matrix of a network, per member."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from sac_spectral.layers import layer_views
+
+
+@torch.no_grad()
+def weight_singular_values(module: nn.Module) -> list[tuple[str, Tensor]]:
+    """``(layer name, σ [M, min(rows, cols)])`` for every linear/conv layer, σ descending."""
+    out = []
+    for view in layer_views(module):
+        if view.kind != "norm":
+            out.append((view.name, torch.linalg.svdvals(view.weight().float())))
+    return out
+
+
+@torch.no_grad()
+def layer_sigma_max(module: nn.Module) -> list[Tensor]:
+    """σ_max ``[M]`` of every linear/conv layer (``torch.linalg.matrix_norm(W, 2)``)."""
+    return [
+        torch.linalg.matrix_norm(view.weight().float(), ord=2)
+        for view in layer_views(module)
+        if view.kind != "norm"
+    ]

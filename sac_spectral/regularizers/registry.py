@@ -1,0 +1,70 @@
+"""Name → regularizer class, and building lists of regularizers from config entries."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from torch import nn
+
+from sac_spectral.config import ConfigError, coerce
+from sac_spectral.regularizers.base import Regularizer
+
+REGISTRY: dict[str, type[Regularizer]] = {}
+R = TypeVar("R", bound=type[Regularizer])
+
+
+def register(cls: R) -> R:
+    """Class decorator adding a regularizer to :data:`REGISTRY` under ``cls.name``."""
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"regularizer name '{cls.name}' is empty or already registered")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def hyperparameters(cls: type[Regularizer]) -> list[str]:
+    """Keyword arguments a regularizer accepts besides the module."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[2:]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _lookup(spec: Mapping[str, Any], key: str) -> tuple[type[Regularizer], dict[str, Any]]:
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise ConfigError(f"{key}: each regularizer is a mapping with a 'name', e.g. {{name: spectral, coef: 1e-3}}")
+    name = spec["name"]
+    if name not in REGISTRY:
+        close = difflib.get_close_matches(str(name), list(REGISTRY), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"{key}: unknown regularizer '{name}'{hint}; valid: {', '.join(sorted(REGISTRY))}")
+    cls = REGISTRY[name]
+    valid = hyperparameters(cls)
+    hints = typing.get_type_hints(cls.__init__)
+    kwargs = {}
+    for k, v in spec.items():
+        if k == "name":
+            continue
+        if k not in valid:
+            raise ConfigError(f"{key}: regularizer '{name}' has no option '{k}'; valid: {', '.join(valid)}")
+        kwargs[k] = coerce(v, hints[k], f"{key}.{k}") if k in hints else v
+    return cls, kwargs
+
+
+def validate_specs(specs: Sequence[Mapping[str, Any]], key: str) -> None:
+    """Check names and option names of config entries without building anything."""
+    for i, spec in enumerate(specs):
+        _lookup(spec, f"{key}[{i}]")
+
+
+def build_regularizers(module: nn.Module, specs: Sequence[Mapping[str, Any]], key: str = "regularizers") -> list[Regularizer]:
+    """Build one regularizer per config entry on ``module``; bad values raise ConfigError."""
+    out = []
+    for i, spec in enumerate(specs):
+        cls, kwargs = _lookup(spec, f"{key}[{i}]")
+        try:
+            out.append(cls(module, **kwargs))
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{key}[{i}] ({cls.name}): {err}") from None
+    return out
