@@ -1,0 +1,17 @@
+"""Environments: ``make_env`` (DMC via shimmy, gymnasium ids), exact state save/restore, seed pools."""
+
+from envs.make import ActionRepeat, UnknownEnvError, known_env_ids, make_env, resolve_env_id
+from envs.pool import EnvPool, Transition
+from envs.state import get_env_state, set_env_state
+
+__all__ = [
+    "ActionRepeat",
+    "EnvPool",
+    "Transition",
+    "UnknownEnvError",
+    "get_env_state",
+    "known_env_ids",
+    "make_env",
+    "resolve_env_id",
+    "set_env_state",
+]
