@@ -1,0 +1,334 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018) in the jaxrl / primacy-bias form, member-batched.
+
+- Actor: tanh-Gaussian, ``a = tanh(μ + σ·ε)``, log σ squashed into ``[log_std_min, log_std_max]``
+  by ``lo + (hi − lo)·(tanh(x) + 1)/2``; log-prob with the exact tanh correction
+  ``log(1 − tanh(u)²) = 2(log 2 − u − softplus(−2u))``.
+- Critics: ``num_critics`` Q-networks as members of one :class:`BatchedMLP`; target critics by
+  Polyak averaging (``τ``) after every critic step.
+- Critic target ``y = r + γ·(1 − terminated)·(min_j Q̄_j(s′, a′) − α·log π(a′|s′))``: a time-limit
+  truncation keeps bootstrapping, only a true termination stops it.
+- Order per update (jaxrl): critic step → target update → actor step (on the updated critic,
+  whose parameters are detached so no critic weight gradients are built) → temperature step with
+  ``L(α) = α·(−log π − H̄)``, ``H̄ = −target_entropy_scale·|A|``.
+
+``num_seeds`` independent agents train together: the actor has ``N`` members, the critic
+``N·num_critics``. Losses are summed over seeds (each seed's gradient is its own) and averaged over
+the batch. Regularizers of each network add their penalties to its loss and run their
+``after_step`` hooks after its optimizer step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from agents.replay import ReplayBuffer
+from sac_spectral.config import check, option, section
+from sac_spectral.nets import ACTIVATIONS, INITS, BatchedMLP
+from sac_spectral.regularizers import Regularizer, build_regularizers, validate_specs
+from sac_spectral.seeding import SeedStreams
+
+_LOG2 = math.log(2.0)
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+@dataclass
+class NetConfig:
+    """Architecture, optimizer and regularizers of one network."""
+
+    hidden: list[int] = option([256, 256], "hidden layer widths")
+    activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
+    layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
+    init: str = option("orthogonal", "orthogonal (gain √2 hidden, 1 output; zero bias) or torch (nn.Linear default)")
+    lr: float = option(3e-4, "Adam learning rate")
+    weight_decay: float = option(0.0, "decoupled weight decay (AdamW); 0 = plain Adam")
+    regularizers: list[dict[str, Any]] = option([], "regularizers, e.g. [{name: spectral, coef: 1e-4}]")
+
+    def validate(self) -> None:
+        check(len(self.hidden) > 0 and all(h > 0 for h in self.hidden), "hidden", f"widths must be positive, got {self.hidden}")
+        check(self.activation in ACTIVATIONS, "activation", f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        validate_specs(self.regularizers, "regularizers")
+
+
+@dataclass
+class ActorConfig(NetConfig):
+    log_std_min: float = option(-10.0, "lower bound of the policy's log standard deviation")
+    log_std_max: float = option(2.0, "upper bound of the policy's log standard deviation")
+
+    def validate(self) -> None:
+        super().validate()
+        check(self.log_std_min < self.log_std_max, "log_std_min", f"must be < log_std_max ({self.log_std_max}), got {self.log_std_min}")
+
+
+@dataclass
+class CriticConfig(NetConfig):
+    num_critics: int = option(2, "Q-networks in the ensemble (min over them in targets)")
+
+    def validate(self) -> None:
+        super().validate()
+        check(self.num_critics >= 1, "num_critics", f"must be >= 1, got {self.num_critics}")
+
+
+@dataclass
+class AlphaConfig:
+    init: float = option(1.0, "initial temperature α")
+    lr: float = option(3e-4, "temperature learning rate")
+    learn: bool = option(True, "learn α toward the target entropy; false keeps it fixed")
+    target_entropy_scale: float = option(1.0, "target entropy = −scale·|A| (primacy-bias configs: 0.5)")
+
+    def validate(self) -> None:
+        check(self.init > 0, "init", f"must be > 0, got {self.init}")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+
+
+@dataclass
+class SACConfig:
+    gamma: float = option(0.99, "discount")
+    tau: float = option(0.005, "Polyak rate of the target critics (every update)")
+    actor: ActorConfig = section(ActorConfig)
+    critic: CriticConfig = section(CriticConfig)
+    alpha: AlphaConfig = section(AlphaConfig)
+
+    def validate(self) -> None:
+        check(0 <= self.gamma <= 1, "gamma", f"must be in [0, 1], got {self.gamma}")
+        check(0 < self.tau <= 1, "tau", f"must be in (0, 1], got {self.tau}")
+
+
+def tanh_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    """Reparameterized tanh-Gaussian sample and its log-density (summed over action dims)."""
+    u = mean + log_std.exp() * noise
+    log_prob = (-0.5 * noise.square() - log_std - _HALF_LOG_2PI).sum(-1)
+    log_prob = log_prob - (2.0 * (_LOG2 - u - F.softplus(-2.0 * u))).sum(-1)
+    return torch.tanh(u), log_prob
+
+
+def _optimizer(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    if weight_decay > 0:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    return torch.optim.Adam(params, lr=lr, fused=True)
+
+
+class SAC(nn.Module):
+    """``len(seeds)`` independent SAC agents in member-batched networks."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        cfg: SACConfig,
+        streams: SeedStreams,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        super().__init__()
+        self.cfg, self.streams = cfg, streams
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.num_seeds = n = len(streams)
+        self.num_critics = c = cfg.critic.num_critics
+        self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
+        self.actor = self._build_actor()
+        self.critic = self._build_critic()
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = nn.Parameter(torch.full((n,), math.log(cfg.alpha.init)), requires_grad=cfg.alpha.learn)
+        self.to(device)
+        self.actor_opt = _optimizer(list(self.actor.parameters()), cfg.actor.lr, cfg.actor.weight_decay)
+        self.critic_opt = _optimizer(list(self.critic.parameters()), cfg.critic.lr, cfg.critic.weight_decay)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha.lr)
+        self.actor_regs, self.critic_regs = self._build_regularizers()
+        self.num_updates = 0
+        self._last: dict[str, Tensor] = {}
+        self._members_per_seed = {"actor": 1, "critic": c}
+
+    # ----------------------------------------------------------------------------- building
+    def _build_actor(self) -> BatchedMLP:
+        a = self.cfg.actor
+        return BatchedMLP(
+            self.num_seeds, self.obs_dim, a.hidden, 2 * self.act_dim, a.activation, a.layer_norm, a.init,
+            generators=self.streams["init"],
+        )
+
+    def _critic_generators(self) -> list[torch.Generator]:
+        return [g for g in self.streams["init"] for _ in range(self.num_critics)]
+
+    def _build_critic(self) -> BatchedMLP:
+        c = self.cfg.critic
+        return BatchedMLP(
+            self.num_seeds * self.num_critics, self.obs_dim + self.act_dim, c.hidden, 1, c.activation,
+            c.layer_norm, c.init, generators=self._critic_generators(),
+        )
+
+    def _build_regularizers(self) -> tuple[list[Regularizer], list[Regularizer]]:
+        actor_regs = build_regularizers(self.actor, self.cfg.actor.regularizers, "actor.regularizers")
+        critic_regs = build_regularizers(self.critic, self.cfg.critic.regularizers, "critic.regularizers")
+        for reg in actor_regs:
+            reg.attach(self.actor_opt)
+        for reg in critic_regs:
+            reg.attach(self.critic_opt)
+        return actor_regs, critic_regs
+
+    # ----------------------------------------------------------------------------- networks
+    def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
+        mean, log_std = self._mean_log_std(obs)
+        return tanh_gaussian(mean, log_std, noise)
+
+    def _mean_log_std(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        mean, raw = self.actor(obs).chunk(2, dim=-1)
+        lo, hi = self.cfg.actor.log_std_min, self.cfg.actor.log_std_max
+        return mean, lo + 0.5 * (hi - lo) * (torch.tanh(raw) + 1.0)
+
+    def q_values(self, net: BatchedMLP, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
+        """``[N, num_critics, B]`` Q-values of ``obs, action: [N, B, ·]``."""
+        n, b = obs.shape[:2]
+        x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
+        return net(x.reshape(n * self.num_critics, b, -1), detach).view(n, self.num_critics, b)
+
+    @torch.inference_mode()
+    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
+        """Actions ``[N, A]`` for observations ``[N, obs_dim]`` (one per seed)."""
+        mean, log_std = self._mean_log_std(obs.unsqueeze(1))
+        if deterministic:
+            return torch.tanh(mean).squeeze(1)
+        noise = self.streams.randn("act", (1, self.act_dim))
+        return tanh_gaussian(mean, log_std, noise)[0].squeeze(1)
+
+    # ----------------------------------------------------------------------------- updates
+    @torch.no_grad()
+    def critic_target(self, batch: dict[str, Tensor], noise: Tensor) -> Tensor:
+        """``[N, B]`` soft TD target ``r + γ(1 − terminated)(min_j Q̄_j(s′, a′) − α log π(a′|s′))``."""
+        next_obs = batch["next_obs"]
+        next_action, next_logp = self.policy(next_obs, noise)
+        next_q = self.q_values(self.target_critic, next_obs, next_action).amin(dim=1)
+        alpha = self.log_alpha.exp().unsqueeze(-1)
+        return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
+
+    def update(self, batch: dict[str, Tensor], noise: Tensor) -> None:
+        """One SAC update of every seed. ``batch`` tensors are ``[N, B, ...]``, ``noise`` is
+        ``[2, N, B, A]`` (next-state actions, current-state actions)."""
+        obs, action = batch["obs"], batch["action"]
+        alpha = self.log_alpha.detach().exp().unsqueeze(-1)
+        target = self.critic_target(batch, noise[0])
+        q = self.q_values(self.critic, obs, action)
+        critic_loss = (q - target.unsqueeze(1)).square().mean(dim=-1).sum(dim=1)
+        self._step(self.critic_opt, critic_loss.sum(), self.critic_regs)
+        torch._foreach_lerp_(list(self.target_critic.parameters()), list(self.critic.parameters()), self.cfg.tau)
+
+        new_action, logp = self.policy(obs, noise[1])
+        q_pi = self.q_values(self.critic, obs, new_action, detach=True).amin(dim=1)
+        actor_loss = (alpha * logp - q_pi).mean(dim=-1)
+        self._step(self.actor_opt, actor_loss.sum(), self.actor_regs)
+
+        entropy = -logp.detach().mean(dim=-1)
+        alpha_loss = self.log_alpha.exp() * (entropy - self.target_entropy)
+        if self.cfg.alpha.learn:
+            self.alpha_opt.zero_grad(set_to_none=True)
+            alpha_loss.sum().backward()
+            self.alpha_opt.step()
+
+        self.num_updates += 1
+        self._last = {
+            "loss/critic": critic_loss.detach(),
+            "loss/actor": actor_loss.detach(),
+            "loss/alpha": alpha_loss.detach(),
+            "q/mean": q.detach().mean(dim=(1, 2)),
+            "entropy": entropy,
+        }
+
+    def _step(self, opt: torch.optim.Optimizer, loss: Tensor, regs: list[Regularizer]) -> None:
+        for reg in regs:
+            if reg.has_penalty:
+                loss = loss + reg.penalty()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        for reg in regs:
+            reg.after_step(self.num_updates + 1)
+
+    def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int) -> None:
+        """``count`` updates on fresh uniform batches; indices and noise for all of them are drawn
+        at once from each seed's ``sample`` stream."""
+        idx = buffer.sample_indices(self.streams["sample"], (count, batch_size))
+        data = {k: v.transpose(0, 1).contiguous() for k, v in buffer.gather(idx).items()}
+        noise = self.streams.randn("sample", (count, 2, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4)
+        for r in range(count):
+            self.update({k: v[r] for k, v in data.items()}, noise[r])
+
+    # ----------------------------------------------------------------------------- resets
+    @torch.no_grad()
+    def reset(self, what: Literal["all", "last_layers"], last_layers: int = 1) -> None:
+        """Nikishin et al. (2022) resets; the replay buffer is kept by the caller.
+
+        ``all`` re-draws actor, critics, targets and α and clears every optimizer state (the
+        regularizers are rebuilt); ``last_layers`` re-draws the last ``last_layers`` linear
+        layers of actor and critics, copies them into the targets and clears their Adam moments.
+        """
+        gens, cgens = self.streams["init"], self._critic_generators()
+        if what == "all":
+            self.actor.reset_parameters(gens)
+            self.critic.reset_parameters(cgens)
+            self.target_critic.load_state_dict(self.critic.state_dict())
+            self.log_alpha.fill_(math.log(self.cfg.alpha.init))
+            for opt in (self.actor_opt, self.critic_opt, self.alpha_opt):
+                opt.state.clear()
+            self.actor_regs, self.critic_regs = self._build_regularizers()
+            return
+        self.actor.reset_parameters(gens, last=last_layers)
+        self.critic.reset_parameters(cgens, last=last_layers)
+        for src, dst in zip(self.critic.tail(last_layers), self.target_critic.tail(last_layers)):
+            dst.load_state_dict(src.state_dict())
+        for net, opt in ((self.actor, self.actor_opt), (self.critic, self.critic_opt)):
+            for mod in net.tail(last_layers):
+                for p in mod.parameters():
+                    opt.state.pop(p, None)
+
+    # ----------------------------------------------------------------------------- state & metrics
+    def metrics(self) -> dict[str, Tensor]:
+        """Per-seed ``[N]`` values of the last update, temperature and regularizer metrics."""
+        out = dict(self._last)
+        out["alpha"] = self.log_alpha.detach().exp()
+        for net, regs in (("actor", self.actor_regs), ("critic", self.critic_regs)):
+            for reg in regs:
+                for key, value in reg.metrics().items():
+                    out[f"reg/{net}/{reg.name}/{key}"] = self.per_seed(net, value)
+        return out
+
+    def per_seed(self, net: str, value: Tensor) -> Tensor:
+        """Average a per-member ``[M]`` value over each seed's members (scalars pass through)."""
+        if value.dim() == 0:
+            return value
+        return value.reshape(self.num_seeds, self._members_per_seed[net]).mean(dim=1)
+
+    def nets(self) -> dict[str, BatchedMLP]:
+        return {"actor": self.actor, "critic": self.critic}
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """Networks, optimizers, temperature, regularizer state and update count."""
+        return {
+            "modules": self.state_dict(),
+            "actor_opt": self.actor_opt.state_dict(),
+            "critic_opt": self.critic_opt.state_dict(),
+            "alpha_opt": self.alpha_opt.state_dict(),
+            "actor_regs": [r.state_dict() for r in self.actor_regs],
+            "critic_regs": [r.state_dict() for r in self.critic_regs],
+            "num_updates": self.num_updates,
+        }
+
+    def load_full_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state["modules"])
+        self.actor_opt.load_state_dict(state["actor_opt"])
+        self.critic_opt.load_state_dict(state["critic_opt"])
+        self.alpha_opt.load_state_dict(state["alpha_opt"])
+        for reg, s in zip(self.actor_regs, state["actor_regs"], strict=True):
+            reg.load_state_dict(s)
+        for reg, s in zip(self.critic_regs, state["critic_regs"], strict=True):
+            reg.load_state_dict(s)
+        self.num_updates = int(state["num_updates"])
