@@ -1,0 +1,75 @@
+"""TensorBoard logging for a run directory, with per-seed tags for multi-seed runs.
+
+With one seed a value is written under its tag (``eval/return``); with ``N`` seeds each seed's
+value goes to ``seed<i>/<tag>`` and the mean over seeds to ``<tag>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.tensorboard import SummaryWriter
+
+
+class RunLogger:
+    """Writes scalars, histograms and hparams to TensorBoard event files in ``run_dir``."""
+
+    def __init__(self, run_dir: Path, num_seeds: int = 1, purge_step: int | None = None) -> None:
+        self.run_dir, self.num_seeds = Path(run_dir), num_seeds
+        self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        self.writer.add_scalar(tag, float(value), step)
+
+    def per_seed(self, tag: str, values: Tensor | Sequence[float] | float, step: int) -> None:
+        """Log one value per seed (``[N]``) or one shared value (scalar)."""
+        vals = values.detach().float().reshape(-1).tolist() if isinstance(values, Tensor) else values
+        if isinstance(vals, (int, float)):
+            self.scalar(tag, vals, step)
+            return
+        vals = list(vals)
+        if len(vals) == 1:
+            self.scalar(tag, vals[0], step)
+            return
+        for i, v in enumerate(vals):
+            self.scalar(f"seed{i}/{tag}", v, step)
+        self.scalar(tag, sum(vals) / len(vals), step)
+
+    def scalars(self, values: Mapping[str, Tensor | float], step: int) -> None:
+        for tag, value in values.items():
+            self.per_seed(tag, value, step)
+
+    def histogram(self, tag: str, values: Tensor, step: int) -> None:
+        self.writer.add_histogram(tag, values.detach().float().cpu(), step)
+
+    def hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
+        """Hyperparameters with final metrics (TensorBoard's HPARAMS tab)."""
+        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+        self.writer.add_hparams(clean, {f"hparam/{k}": float(v) for k, v in metrics.items()}, run_name=".")
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def tensor_is_finite(values: Mapping[str, Tensor]) -> bool:
+    """True if every tensor in ``values`` is finite (one host sync)."""
+    flags = [torch.isfinite(v).all() for v in values.values()]
+    return bool(torch.stack(flags).all()) if flags else True

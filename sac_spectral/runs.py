@@ -1,0 +1,138 @@
+"""What every runner shares: the command line, the run directory, atomic checkpoints and JSON,
+graceful SIGINT/SIGTERM handling, and turning bad input into a one-line error.
+
+A run directory holds TensorBoard event files, the resolved ``config.yaml``,
+``checkpoints/latest.pt`` and, when the run completes, ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import torch
+import yaml
+
+from sac_spectral.config import ConfigError, help_text, merge_sources, parse_override, read_yaml, to_dict
+
+T = TypeVar("T")
+CONFIG_FILE = "config.yaml"
+CHECKPOINT = Path("checkpoints") / "latest.pt"
+SUMMARY = "summary.json"
+
+
+def build_parser(prog: str, description: str, cls: type) -> argparse.ArgumentParser:
+    """``--config FILE``, ``--resume RUN_DIR`` and ``key=value`` overrides; ``--help`` lists keys."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="configuration keys (override with key=value, nested keys dotted):\n" + help_text(cls),
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML config; keys not given keep their defaults")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. critic.lr=1e-4")
+    return parser
+
+
+def resolve_config(
+    cls: type[T], args: argparse.Namespace, resumable: Iterable[str] = ()
+) -> tuple[T, Path | None]:
+    """The run's config and, when resuming, its directory.
+
+    On ``--resume`` the saved ``config.yaml`` is authoritative; only keys in ``resumable`` (such
+    as ``total_steps``) may be overridden.
+    """
+    if args.resume is None:
+        return merge_sources(cls, read_yaml(args.config) if args.config else None, args.overrides), None
+    if args.config:
+        raise ConfigError("--resume takes the run's saved config.yaml; do not pass --config as well")
+    run_dir = Path(args.resume)
+    if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / CHECKPOINT).is_file():
+        raise ConfigError(f"cannot resume '{run_dir}': expected {run_dir / CONFIG_FILE} and {run_dir / CHECKPOINT}")
+    allowed = set(resumable)
+    for text in args.overrides:
+        key = ".".join(parse_override(text)[0])
+        if key not in allowed:
+            raise ConfigError(f"'{key}' cannot change on --resume; resumable keys: {', '.join(sorted(allowed)) or 'none'}")
+    return merge_sources(cls, read_yaml(run_dir / CONFIG_FILE), args.overrides), run_dir
+
+
+def check_new_run_dir(path: Path) -> None:
+    """Refuse to start a fresh run in a directory that already holds files."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"run_dir '{path}' already exists and is not empty; resume it with --resume {path} or choose another run_dir")
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.chmod(tmp, 0o644)
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """``torch.save`` to a temporary file in the same directory, then an atomic rename."""
+    _atomic_write(path, lambda f: torch.save(state, f))
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (tensors and plain containers only)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    _atomic_write(path, lambda f: f.write(json.dumps(data, indent=2, default=float) + "\n"), mode="w")
+
+
+def write_config(cfg: Any, run_dir: Path) -> None:
+    _atomic_write(run_dir / CONFIG_FILE, lambda f: yaml.safe_dump(to_dict(cfg), f, sort_keys=False), mode="w")
+
+
+class GracefulStop:
+    """Context manager: the first SIGINT/SIGTERM sets ``requested``; a second SIGINT aborts."""
+
+    def __init__(self) -> None:
+        self.requested: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = signum
+        print(f"\n{signal.Signals(signum).name} received: finishing this step and writing a checkpoint "
+              "(press Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> GracefulStop:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run ``main`` turning configuration errors into ``error: …`` and exit code 2."""
+    try:
+        return main(argv)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
