@@ -1,0 +1,53 @@
+from pathlib import Path
+
+import pytest
+
+from sac_spectral.config import ConfigError, help_text, load_config, merge_sources, to_dict
+from sac_spectral.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_yaml_is_the_embedded_default():
+    assert to_dict(load_config(TrainConfig, ROOT / "run_configs" / "default.yaml")) == to_dict(TrainConfig())
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "run_configs").glob("*.yaml") if not p.name.startswith("continual")))
+def test_every_rl_config_loads(name):
+    load_config(TrainConfig, ROOT / "run_configs" / name)
+
+
+def test_dotted_overrides_reach_nested_fields_and_parse_yaml():
+    cfg = merge_sources(TrainConfig, None, ["critic.lr=1e-4", "actor.hidden=[64, 64]", "replay_ratio=0.5",
+                                             "critic.regularizers=[{name: spectral, coef: 1e-3, k: 2}]"])
+    assert cfg.critic.lr == 1e-4 and cfg.actor.hidden == [64, 64] and cfg.replay_ratio == 0.5
+    assert cfg.critic.regularizers == [{"name": "spectral", "coef": 1e-3, "k": 2}]
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("critic.lrr=1", "did you mean 'critic.lr'"),
+        ("total_steps=abc", "total_steps: expected an integer"),
+        ("replay_ratio=-1", "replay_ratio: must be > 0"),
+        ("critic.regularizers=[{name: spectrall}]", "unknown regularizer 'spectrall' (did you mean 'spectral'?)"),
+        ("critic.regularizers=[{name: spectral, kk: 2}]", "has no option 'kk'; valid: coef, k"),
+        ("progress=maybe", "expected true or false"),
+        ("resets.what=some", "is not one of all, last_layers"),
+        ("device=tpu", "device"),
+        ("nokey", "not of the form key=value"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_choices(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        merge_sources(TrainConfig, None, [override])
+    assert fragment in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_help_lists_every_key_with_default():
+    text = help_text(TrainConfig)
+    for key in ("env", "seed", "total_steps", "replay_ratio", "batch_size", "random_steps", "eval_every",
+                "eval_episodes", "run_dir", "device", "actor.regularizers", "critic.regularizers", "resets.every"):
+        assert f"  {key} " in text
+    assert "default: dmc:cheetah-run" in text

@@ -1,0 +1,147 @@
+"""End-to-end runner tests: CLI errors, resume bit-identity, signals, non-finite stops."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SMALL
+from sac_spectral.runs import CHECKPOINT, load_checkpoint
+from sac_spectral.train import main
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = SMALL + ["random_steps=200", "eval_every=600", "log_every=100", "buffer_size=5000"]
+
+
+def run(args, capsys=None):
+    from sac_spectral.runs import run_cli
+
+    return run_cli(main, [str(a) for a in args])
+
+
+def snapshot(path: Path) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in path.rglob("*")}
+
+
+def test_short_run_writes_the_run_directory(tmp_path, capsys):
+    rd = tmp_path / "run"
+    assert run(FAST + ["total_steps=400", f"run_dir={rd}"]) == 0
+    out = capsys.readouterr().out
+    assert f"tensorboard --logdir {rd}" in out
+    assert (rd / "config.yaml").is_file() and (rd / CHECKPOINT).is_file()
+    summary = json.loads((rd / "summary.json").read_text())
+    assert summary["steps"] == 400 and summary["updates"] == 200
+    assert {"final_eval_return", "best_eval_return", "random_policy_return", "updates_per_s"} <= set(summary)
+    assert any(p.name.startswith("events.out.tfevents") for p in rd.iterdir())
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["critic.lrr=1e-3"], "unknown config key 'critic.lrr'"),
+        (["total_steps=ten"], "total_steps: expected an integer"),
+        (["replay_ratio=-2"], "replay_ratio: must be > 0"),
+        (["critic.regularizers=[{name: nope}]"], "unknown regularizer 'nope'"),
+        (["critic.regularizers=[{name: spectral, coef: -1}]"], "coef must be >= 0"),
+        (["env=dmc:cheetah-runn"], "close matches: dmc:cheetah-run"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, fragment):
+    rd = tmp_path / "new_run"
+    assert run(FAST + args + [f"run_dir={rd}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and fragment in err and "\n" not in err
+    assert not rd.exists()
+
+
+def test_existing_run_dir_is_never_overwritten(tmp_path, capsys):
+    rd = tmp_path / "run"
+    assert run(FAST + ["total_steps=250", f"run_dir={rd}"]) == 0
+    before = snapshot(rd)
+    assert run(FAST + ["total_steps=250", f"run_dir={rd}"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert run(["--resume", rd, "critic.lr=1"]) == 2
+    assert "cannot change on --resume" in capsys.readouterr().err
+    assert run(["--resume", tmp_path / "nothing"]) == 2
+    assert snapshot(rd) == before
+
+
+def _params(rd: Path) -> dict:
+    return load_checkpoint(rd / CHECKPOINT)
+
+
+def _assert_same_state(a, b, path="state"):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            if k not in ("wall_time", "evals"):  # the first half also evaluated at its end
+                _assert_same_state(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_state(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["replay_ratio=2", "resets.every=500", "critic.regularizers=[{name: spectral, coef: 1e-3}]",
+         "actor.regularizers=[{name: spectral, coef: 1e-3}]"],
+        ["num_seeds=2", "replay_ratio=0.5"],
+    ],
+    ids=["rr2-resets-spectral", "two-seeds-rr0.5"],
+)
+def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, extra):
+    """Stop mid-episode at step 700, resume to 1300 (crossing a 1000-step episode end)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run(FAST + extra + ["total_steps=1300", f"run_dir={straight}"]) == 0
+    assert run(FAST + extra + ["total_steps=700", f"run_dir={split}"]) == 0
+    assert run(["--resume", split, "total_steps=1300"]) == 0
+    a, b = _params(straight), _params(split)
+    assert a["step"] == b["step"] == 1300
+    _assert_same_state(a, b)
+
+
+def test_sigint_checkpoints_and_the_run_resumes(tmp_path):
+    rd = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sac_spectral.train", *FAST, "total_steps=1000000", f"run_dir={rd}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (rd / "config.yaml").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "Traceback" not in err and f"--resume {rd}" in err
+    step = load_checkpoint(rd / CHECKPOINT)["step"]
+    assert step >= 1
+    assert run(["--resume", rd, f"total_steps={step + 50}"]) == 0
+    assert json.loads((rd / "summary.json").read_text())["steps"] == step + 50
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    rd = tmp_path / "run"
+    code = run(FAST + ["total_steps=3000", "checkpoint_every=200", "critic.lr=1e12", "actor.lr=1e12", f"run_dir={rd}"])
+    assert code == 1
+    assert "non-finite" in capsys.readouterr().err
+    state = load_checkpoint(rd / CHECKPOINT)
+    assert all(torch.isfinite(v).all() for v in state["agent"]["modules"].values())
+    assert not (rd / "summary.json").exists()
+
+
+def test_help_lists_keys(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "critic.regularizers" in out and "resets.every" in out and "--resume" in out
