@@ -7,9 +7,13 @@
   Polyak averaging (``τ``) after every critic step.
 - Critic target ``y = r + γ·(1 − terminated)·(min_j Q̄_j(s′, a′) − α·log π(a′|s′))``: a time-limit
   truncation keeps bootstrapping, only a true termination stops it.
-- Order per update (jaxrl): critic step → target update → actor step (on the updated critic,
-  whose parameters are detached so no critic weight gradients are built) → temperature step with
-  ``L(α) = α·(−log π − H̄)``, ``H̄ = −target_entropy_scale·|A|``.
+- Order per update (jaxrl): critic step → target update → actor and temperature step (on the
+  updated critic, whose parameters are detached so no critic weight gradients are built), with
+  ``L(α) = α·(−log π − H̄)``, ``H̄ = −target_entropy_scale·|A|``. Actor and ``log α`` share one
+  fused Adam (separate parameter groups and learning rates; the two losses touch disjoint
+  parameters, so this equals two separate steps).
+- ``precision="bf16"`` runs the network forward/backward under bf16 autocast; weights, Adam state,
+  log-probabilities, Q-values, targets and losses stay fp32.
 
 ``num_seeds`` independent agents train together: the actor has ``N`` members, the critic
 ``N·num_critics``. Losses are summed over seeds (each seed's gradient is its own) and averaged over
@@ -91,10 +95,15 @@ class AlphaConfig:
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
 @dataclass
 class SACConfig:
     gamma: float = option(0.99, "discount")
     tau: float = option(0.005, "Polyak rate of the target critics (every update)")
+    precision: str = option("fp32", "fp32, or bf16 autocast (fp32 master weights, optimizer state, losses, targets)")
+    compile: bool = option(False, "torch.compile the loss computations (CUDA graphs on GPU)")
     actor: ActorConfig = section(ActorConfig)
     critic: CriticConfig = section(CriticConfig)
     alpha: AlphaConfig = section(AlphaConfig)
@@ -102,6 +111,7 @@ class SACConfig:
     def validate(self) -> None:
         check(0 <= self.gamma <= 1, "gamma", f"must be in [0, 1], got {self.gamma}")
         check(0 < self.tau <= 1, "tau", f"must be in (0, 1], got {self.tau}")
+        check(self.precision in PRECISIONS, "precision", f"'{self.precision}' is not one of {', '.join(PRECISIONS)}")
 
 
 def tanh_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
@@ -112,10 +122,11 @@ def tanh_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor,
     return torch.tanh(u), log_prob
 
 
-def _optimizer(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def _optimizer(groups: list[dict[str, Any]], weight_decay: float) -> torch.optim.Optimizer:
+    """Fused Adam, or AdamW (decoupled decay) when ``weight_decay > 0``; groups carry their lr."""
     if weight_decay > 0:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
-    return torch.optim.Adam(params, lr=lr, fused=True)
+        return torch.optim.AdamW(groups, weight_decay=weight_decay, fused=True)
+    return torch.optim.Adam(groups, fused=True)
 
 
 class SAC(nn.Module):
@@ -140,13 +151,24 @@ class SAC(nn.Module):
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.full((n,), math.log(cfg.alpha.init)), requires_grad=cfg.alpha.learn)
         self.to(device)
-        self.actor_opt = _optimizer(list(self.actor.parameters()), cfg.actor.lr, cfg.actor.weight_decay)
-        self.critic_opt = _optimizer(list(self.critic.parameters()), cfg.critic.lr, cfg.critic.weight_decay)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha.lr)
+        actor_groups: list[dict[str, Any]] = [{"params": list(self.actor.parameters()), "lr": cfg.actor.lr}]
+        if cfg.alpha.learn:
+            actor_groups.append({"params": [self.log_alpha], "lr": cfg.alpha.lr, "weight_decay": 0.0})
+        self.actor_opt = _optimizer(actor_groups, cfg.actor.weight_decay)
+        self.critic_opt = _optimizer([{"params": list(self.critic.parameters()), "lr": cfg.critic.lr}], cfg.critic.weight_decay)
         self.actor_regs, self.critic_regs = self._build_regularizers()
         self.num_updates = 0
         self._last: dict[str, Tensor] = {}
         self._members_per_seed = {"actor": 1, "critic": c}
+        self._online_params = list(self.critic.parameters())
+        self._target_params = list(self.target_critic.parameters())
+        self._autocast = torch.autocast(self.log_alpha.device.type, torch.bfloat16, enabled=cfg.precision == "bf16")
+        self._critic_loss = self._critic_loss_eager
+        self._actor_loss = self._actor_loss_eager
+        if cfg.compile:
+            mode = "reduce-overhead" if self.log_alpha.device.type == "cuda" else None
+            self._critic_loss = torch.compile(self._critic_loss_eager, mode=mode, dynamic=False)
+            self._actor_loss = torch.compile(self._actor_loss_eager, mode=mode, dynamic=False)
 
     # ----------------------------------------------------------------------------- building
     def _build_actor(self) -> BatchedMLP:
@@ -182,7 +204,7 @@ class SAC(nn.Module):
         return tanh_gaussian(mean, log_std, noise)
 
     def _mean_log_std(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        mean, raw = self.actor(obs).chunk(2, dim=-1)
+        mean, raw = self.actor(obs).float().chunk(2, dim=-1)
         lo, hi = self.cfg.actor.log_std_min, self.cfg.actor.log_std_max
         return mean, lo + 0.5 * (hi - lo) * (torch.tanh(raw) + 1.0)
 
@@ -190,7 +212,7 @@ class SAC(nn.Module):
         """``[N, num_critics, B]`` Q-values of ``obs, action: [N, B, ·]``."""
         n, b = obs.shape[:2]
         x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
-        return net(x.reshape(n * self.num_critics, b, -1), detach).view(n, self.num_critics, b)
+        return net(x.reshape(n * self.num_critics, b, -1), detach).float().view(n, self.num_critics, b)
 
     @torch.inference_mode()
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
@@ -211,35 +233,42 @@ class SAC(nn.Module):
         alpha = self.log_alpha.exp().unsqueeze(-1)
         return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
 
+    def _critic_loss_eager(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-seed critic loss ``Σ_j mean_b (Q_j − y)²`` ``[N]`` and mean Q ``[N]``."""
+        with self._autocast:
+            target = self.critic_target(batch, noise)
+            q = self.q_values(self.critic, batch["obs"], batch["action"])
+        loss = (q - target.unsqueeze(1)).square().mean(dim=-1).sum(dim=1)
+        return loss, q.detach().mean(dim=(1, 2))
+
+    def _actor_loss_eager(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-seed actor loss ``mean_b(α log π − min_j Q_j)`` on critics whose weights are detached,
+        temperature loss ``α(H − H̄)`` and entropy estimate ``H = −mean_b log π``, each ``[N]``."""
+        with self._autocast:
+            action, logp = self.policy(obs, noise)
+            q_pi = self.q_values(self.critic, obs, action, detach=True).amin(dim=1)
+        alpha = self.log_alpha.exp()
+        actor_loss = (alpha.detach().unsqueeze(-1) * logp - q_pi).mean(dim=-1)
+        entropy = -logp.detach().mean(dim=-1)
+        return actor_loss, alpha * (entropy - self.target_entropy), entropy
+
     def update(self, batch: dict[str, Tensor], noise: Tensor) -> None:
         """One SAC update of every seed. ``batch`` tensors are ``[N, B, ...]``, ``noise`` is
         ``[2, N, B, A]`` (next-state actions, current-state actions)."""
-        obs, action = batch["obs"], batch["action"]
-        alpha = self.log_alpha.detach().exp().unsqueeze(-1)
-        target = self.critic_target(batch, noise[0])
-        q = self.q_values(self.critic, obs, action)
-        critic_loss = (q - target.unsqueeze(1)).square().mean(dim=-1).sum(dim=1)
+        critic_loss, q_mean = self._critic_loss(batch, noise[0])
         self._step(self.critic_opt, critic_loss.sum(), self.critic_regs)
-        torch._foreach_lerp_(list(self.target_critic.parameters()), list(self.critic.parameters()), self.cfg.tau)
+        torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
 
-        new_action, logp = self.policy(obs, noise[1])
-        q_pi = self.q_values(self.critic, obs, new_action, detach=True).amin(dim=1)
-        actor_loss = (alpha * logp - q_pi).mean(dim=-1)
-        self._step(self.actor_opt, actor_loss.sum(), self.actor_regs)
-
-        entropy = -logp.detach().mean(dim=-1)
-        alpha_loss = self.log_alpha.exp() * (entropy - self.target_entropy)
-        if self.cfg.alpha.learn:
-            self.alpha_opt.zero_grad(set_to_none=True)
-            alpha_loss.sum().backward()
-            self.alpha_opt.step()
+        actor_loss, alpha_loss, entropy = self._actor_loss(batch["obs"], noise[1])
+        loss = actor_loss.sum() + alpha_loss.sum() if self.cfg.alpha.learn else actor_loss.sum()
+        self._step(self.actor_opt, loss, self.actor_regs)
 
         self.num_updates += 1
         self._last = {
             "loss/critic": critic_loss.detach(),
             "loss/actor": actor_loss.detach(),
             "loss/alpha": alpha_loss.detach(),
-            "q/mean": q.detach().mean(dim=(1, 2)),
+            "q/mean": q_mean,
             "entropy": entropy,
         }
 
@@ -277,7 +306,7 @@ class SAC(nn.Module):
             self.critic.reset_parameters(cgens)
             self.target_critic.load_state_dict(self.critic.state_dict())
             self.log_alpha.fill_(math.log(self.cfg.alpha.init))
-            for opt in (self.actor_opt, self.critic_opt, self.alpha_opt):
+            for opt in (self.actor_opt, self.critic_opt):
                 opt.state.clear()
             self.actor_regs, self.critic_regs = self._build_regularizers()
             return
@@ -316,7 +345,6 @@ class SAC(nn.Module):
             "modules": self.state_dict(),
             "actor_opt": self.actor_opt.state_dict(),
             "critic_opt": self.critic_opt.state_dict(),
-            "alpha_opt": self.alpha_opt.state_dict(),
             "actor_regs": [r.state_dict() for r in self.actor_regs],
             "critic_regs": [r.state_dict() for r in self.critic_regs],
             "num_updates": self.num_updates,
@@ -326,7 +354,6 @@ class SAC(nn.Module):
         self.load_state_dict(state["modules"])
         self.actor_opt.load_state_dict(state["actor_opt"])
         self.critic_opt.load_state_dict(state["critic_opt"])
-        self.alpha_opt.load_state_dict(state["alpha_opt"])
         for reg, s in zip(self.actor_regs, state["actor_regs"], strict=True):
             reg.load_state_dict(s)
         for reg, s in zip(self.critic_regs, state["critic_regs"], strict=True):

@@ -1,6 +1,6 @@
 """SAC update speed against a same-FLOP MLP roofline, and the cost of the spectral regularizer.
 
-    python benchmarks/update_speed.py [--threads 2] [--batch 256] [--hidden 256] [--repeats 7]
+    python -m benchmarks.update_speed [--threads 2] [--batch 256] [--hidden 256] [--repeats 7]
 
 Times ``SAC.train_steps`` (cheetah-run dimensions: obs 17, action 6; fp32) and, in the same
 process, the forward+backward of plain ``nn.Linear`` MLPs of the agent's layer shapes at the same
@@ -12,17 +12,14 @@ repeats, so both sides of each ratio see the same machine load.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 from torch import nn
 
-from agents import SAC, ReplayBuffer, SACConfig
+from agents import SAC
+from benchmarks.common import ACT, OBS, build, interleaved_medians, sac_config, time_updates
 from sac_spectral.nets import BatchedMLP
-from sac_spectral.seeding import SeedStreams
-
-OBS, ACT = 17, 6
 
 
 def mlp_flops(net: BatchedMLP, batch: int) -> tuple[int, int]:
@@ -38,23 +35,6 @@ def update_flops(agent: SAC, batch: int) -> int:
     # critic: target fwd + fwd + bwd(weights, inputs but the first) ; actor step: critic fwd + input bwd
     # actor: fwd for the target's next action + fwd + bwd(weights, inputs but the first)
     return (fc + fc + 2 * fc - fc1 + fc + fc) + (fa + fa + 2 * fa - fa1)
-
-
-def build(cfg: SACConfig, seeds: int = 1) -> tuple[SAC, ReplayBuffer]:
-    agent = SAC(OBS, ACT, cfg, SeedStreams(list(range(seeds))))
-    buf = ReplayBuffer(10_000, OBS, ACT, seeds)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(10_000):
-        buf.add(torch.randn(seeds, OBS, generator=g), torch.rand(seeds, ACT, generator=g) * 2 - 1,
-                torch.randn(seeds, generator=g), torch.randn(seeds, OBS, generator=g), torch.zeros(seeds))
-    return agent, buf
-
-
-def time_updates(agent: SAC, buf: ReplayBuffer, batch: int, count: int) -> float:
-    """Seconds per update over ``count`` updates."""
-    t = time.perf_counter()
-    agent.train_steps(buf, count, batch)
-    return (time.perf_counter() - t) / count
 
 
 def roofline_rate(hidden: int, batch: int, iters: int = 20) -> float:
@@ -90,26 +70,20 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-
-    def cfg(spectral: bool) -> SACConfig:
-        c = SACConfig()
-        c.actor.hidden = c.critic.hidden = [args.hidden, args.hidden]
-        if spectral:
-            c.actor.regularizers = [{"name": "spectral", "coef": 1e-4}]
-            c.critic.regularizers = [{"name": "spectral", "coef": 1e-4}]
-        return c
-
-    plain, buf = build(cfg(False))
-    spectral, _ = build(cfg(True))
+    plain, buf = build(sac_config(args.hidden))
+    spectral, _ = build(sac_config(args.hidden, spectral=True))
+    flops = update_flops(plain, args.batch)
     for agent in (plain, spectral):
         time_updates(agent, buf, args.batch, 16)
-    t_plain, t_spec, t_roof = [], [], []
-    flops = update_flops(plain, args.batch)
-    for _ in range(args.repeats):
-        t_plain.append(time_updates(plain, buf, args.batch, args.updates))
-        t_spec.append(time_updates(spectral, buf, args.batch, args.updates))
-        t_roof.append(flops / roofline_rate(args.hidden, args.batch))
-    mp, ms, mr = (statistics.median(t) * 1e3 for t in (t_plain, t_spec, t_roof))
+    t = interleaved_medians(
+        {
+            "plain": lambda: time_updates(plain, buf, args.batch, args.updates),
+            "spectral": lambda: time_updates(spectral, buf, args.batch, args.updates),
+            "roofline": lambda: flops / roofline_rate(args.hidden, args.batch),
+        },
+        args.repeats,
+    )
+    mp, ms, mr = (t[k] * 1e3 for k in ("plain", "spectral", "roofline"))
     print(f"threads={args.threads} batch={args.batch} hidden=2x{args.hidden} fp32, {flops / 1e9:.3f} GFLOP/update")
     print(f"  roofline (same-FLOP nn.Linear MLP fwd+bwd): {mr:7.3f} ms  ({flops / mr / 1e6:.0f} GFLOP/s)")
     print(f"  SAC update, plain:                          {mp:7.3f} ms  ratio to roofline {mp / mr:.3f}")

@@ -216,8 +216,8 @@ class Trainer:
         return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
 
     def _random_policy(self) -> Callable[[np.ndarray], np.ndarray]:
-        rng = np.random.default_rng(derive_seed(self.cfg.seed, "random_policy"))
-        return lambda obs: rng.uniform(-1.0, 1.0, size=(obs.shape[0], self.pool.act_dim))
+        rngs = [np.random.default_rng(derive_seed(s, "random_policy")) for s in self.seeds]
+        return lambda obs: np.stack([rng.uniform(-1.0, 1.0, self.pool.act_dim) for rng in rngs])
 
     def _eval_and_log(self) -> float:
         assert self.logger is not None

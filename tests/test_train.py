@@ -145,3 +145,19 @@ def test_help_lists_keys(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "critic.regularizers" in out and "resets.every" in out and "--resume" in out
+
+
+def test_seed_of_a_multi_seed_run_matches_its_single_seed_run(tmp_path):
+    """Same envs, warm-up actions and random streams; parameters equal to float rounding after
+    the first updates (see test_sac.py for why not bit-for-bit)."""
+    multi, single = tmp_path / "multi", tmp_path / "single"
+    common = FAST + ["total_steps=210", "critic.regularizers=[{name: spectral, coef: 1e-3}]"]
+    assert run(common + ["num_seeds=2", "seed=0", f"run_dir={multi}"]) == 0
+    assert run(common + ["num_seeds=1", "seed=1", f"run_dir={single}"]) == 0
+    a, b = _params(multi), _params(single)
+    for key, value in b["agent"]["modules"].items():
+        n = value.shape[0]  # 1 for actor and α, num_critics for critics
+        torch.testing.assert_close(a["agent"]["modules"][key][n:2 * n], value, rtol=1e-4, atol=1e-5)
+    assert torch.equal(a["buffer"]["data"]["obs"][1, :200], b["buffer"]["data"]["obs"][0, :200])
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (multi, single))
+    assert sa["per_seed"][1]["random_policy_return"] == sb["per_seed"][0]["random_policy_return"]

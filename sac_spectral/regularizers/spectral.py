@@ -40,7 +40,7 @@ def power_step(w: Tensor, u: Tensor, v: Tensor, iters: int = 1) -> Tensor:
     sigma = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
     for _ in range(iters):
         v.copy_(F.normalize(torch.bmm(u.unsqueeze(1), w).squeeze(1), dim=1))
-        wv = torch.bmm(w, v.unsqueeze(2)).squeeze(2)
+        wv = torch.bmm(v.unsqueeze(1), w.transpose(1, 2)).squeeze(1)  # row form: same bits for any M
         sigma = torch.linalg.vector_norm(wv, dim=1)
         u.copy_(wv / sigma.clamp_min(1e-12).unsqueeze(1))
     return sigma
