@@ -232,16 +232,16 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     return merge_sources(cls, read_yaml(path) if path is not None else None, overrides)
 
 
-def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, Any, str]]:
     """Flattened ``(key, type, default, help)`` rows for ``--help``."""
     rows: list[tuple[str, str, Any, str]] = []
     hints = typing.get_type_hints(cls)
-    defaults = cls()
+    defaults = cls() if defaults is None else defaults
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         value = getattr(defaults, f.name)
         if dataclasses.is_dataclass(tp):
-            rows.extend(describe(tp, prefix=f"{prefix}{f.name}."))
+            rows.extend(describe(tp, prefix=f"{prefix}{f.name}.", defaults=value))
         else:
             rows.append((f"{prefix}{f.name}", _type_name(tp), value, f.metadata.get("help", "")))
     return rows

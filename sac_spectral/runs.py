@@ -33,7 +33,7 @@ def build_parser(prog: str, description: str, cls: type) -> argparse.ArgumentPar
     """``--config FILE``, ``--resume RUN_DIR`` and ``key=value`` overrides; ``--help`` lists keys."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        description=description,
+        description=description.replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="configuration keys (override with key=value, nested keys dotted):\n" + help_text(cls),
     )
