@@ -2,6 +2,7 @@
 autograd, torch.linalg, planted dead units, and the low-rank-gradient paper's regimes."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -9,12 +10,14 @@ from torch import nn
 
 from agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.diagnostics import (
+    as_floats,
     dormant_fraction,
     dormant_scores,
     gradient_grams,
     gradient_matrix,
     gradient_spectra,
     hidden_activations,
+    model_diagnostics,
     network_diagnostics,
     per_example_gradients,
     spectrum_summary,
@@ -219,6 +222,13 @@ def test_network_diagnostics_reports_every_tag_for_a_supervised_model():
         assert rep.scalars[tag].shape == (1,), tag
     assert rep.histograms["spectra/model/grad"].shape == (1, 64)
     assert 1.0 <= rep.scalars["grad_rank/model/erank"].item() <= 64.0
+    short = model_diagnostics(model, partial(nn.functional.cross_entropy, reduction="none"), x, y, tau=0.025)
+    assert as_floats(short) == as_floats(rep)
+    conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))  # torch.func path
+    rep = model_diagnostics(conv, partial(nn.functional.cross_entropy, reduction="none"),
+                            torch.randn(16, 1, 6, 6), torch.randint(0, 3, (16,)))
+    assert 1.0 <= rep.scalars["grad_rank/model/layer0/erank"].item() <= 16.0
+    assert rep.scalars["spectral/model/layer0/sigma_max"].shape == rep.scalars["dormant/model/fraction"].shape == (1,)
 
 
 # --------------------------------------------------------------------------------------------- SAC

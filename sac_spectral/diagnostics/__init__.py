@@ -24,7 +24,7 @@ from sac_spectral.diagnostics.metrics import (
     spectrum_summary,
     stable_rank,
 )
-from sac_spectral.diagnostics.report import Report, as_floats, network_diagnostics
+from sac_spectral.diagnostics.report import Report, as_floats, model_diagnostics, network_diagnostics
 from sac_spectral.diagnostics.spectra import layer_sigma_max, weight_singular_values, weight_spectra
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "hidden_activations",
     "layer_sigma_max",
     "members_of",
+    "model_diagnostics",
     "network_diagnostics",
     "numerical_rank",
     "per_example_gradients",

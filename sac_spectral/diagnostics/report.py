@@ -1,9 +1,11 @@
 """All diagnostics of one network in one call, as TensorBoard-ready tags.
 
->>> loss_fn = lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="none")   # doctest: +SKIP
->>> rep = network_diagnostics(model, loss_fn, (x, y), name="model",          # doctest: +SKIP
-...                           features=hidden_activations(model, x), tau=0.025)
->>> {tag: v.tolist() for tag, v in rep.scalars.items()}                       # doctest: +SKIP
+>>> rep = model_diagnostics(model, partial(F.cross_entropy, reduction="none"), x, y)   # doctest: +SKIP
+>>> as_floats(rep)                          # {"grad_rank/model/erank": 57.3, …}   # doctest: +SKIP
+>>> logger.scalars(rep.scalars, step)       # a RunLogger: one tag per value       # doctest: +SKIP
+
+:func:`network_diagnostics` takes any closure ``loss_fn(module, batch) → [..., B]`` instead (see
+:mod:`~sac_spectral.diagnostics.gradients`), e.g. the SAC losses of :mod:`~sac_spectral.diagnostics.rl`.
 
 Scalars (each ``[M]``, one value per member; ``<net>`` is ``name``):
 
@@ -21,13 +23,13 @@ Histograms (``[M, k]``): ``spectra/<net>/layer<i>`` (weight singular values) and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor, nn
 
-from sac_spectral.diagnostics.features import dormant_fraction, dormant_scores, feature_spectrum
+from sac_spectral.diagnostics.features import dormant_fraction, dormant_scores, feature_spectrum, hidden_activations
 from sac_spectral.diagnostics.gradients import ALL, LossFn, Method, gradient_spectra
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
 from sac_spectral.diagnostics.spectra import weight_spectra
@@ -92,6 +94,24 @@ def network_diagnostics(
         rep.scalars.update({f"spectral/{name}/layer{i}/{k}": summary[k] for k in WEIGHT_KEYS})
         rep.histograms[f"spectra/{name}/layer{i}"] = sigma
     return rep
+
+
+def model_diagnostics(
+    model: nn.Module,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    inputs: Tensor,
+    targets: Tensor,
+    name: str = "model",
+    tau: float = 0.025,
+    **kwargs: Any,
+) -> Report:
+    """:func:`network_diagnostics` of a supervised ``model`` on probe ``inputs [B, ...]`` and
+    ``targets [B, ...]``: ``loss_fn(model(inputs), targets)`` must return per-example losses
+    (``reduction="none"``); features from :func:`~sac_spectral.diagnostics.features.hidden_activations`."""
+    return network_diagnostics(
+        model, lambda m, b: loss_fn(m(b[0]), b[1]), (inputs, targets), name,
+        hidden_activations(model, inputs), tau, **kwargs,
+    )
 
 
 def as_floats(rep: Report) -> dict[str, float | list[float]]:
