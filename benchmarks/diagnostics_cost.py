@@ -85,7 +85,7 @@ def main() -> None:
     upd, fast, func, diag = (statistics.median(t) * 1e3 for t in (t_upd, t_fast, t_func, t_diag))
     share = diag / (dcfg.every * upd + diag)
     print(f"threads={args.threads} hidden=2x{args.hidden} twin critics, {args.examples} examples, fp32 "
-          f"(erank {erank_fast.tolist()}); medians of {args.repeats} interleaved repeats")
+          f"(erank per critic {[round(e, 1) for e in erank_fast.tolist()]}); medians of {args.repeats} interleaved repeats")
     print(f"  SAC update (batch 256):                    {upd:8.2f} ms")
     print(f"  critic gradient erank, factored (auto):    {fast:8.2f} ms  = {fast / upd:6.2f} updates")
     print(f"  critic gradient erank, torch.func:         {func:8.2f} ms  = {func / upd:6.2f} updates"
