@@ -13,7 +13,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from agents import SAC, ActorConfig, CriticConfig, ReplayBuffer, SACConfig
 from envs import EnvPool, UnknownEnvError, make_env
 from sac_spectral.config import ConfigError, check, option, section, to_dict
 from sac_spectral.diagnostics import layer_sigma_max
+from sac_spectral.diagnostics.rl import DiagnosticsConfig, probe_batch, sac_diagnostics
 from sac_spectral.logging import RunLogger, flatten, tensor_is_finite
 from sac_spectral.runs import (
     CHECKPOINT,
@@ -43,7 +44,10 @@ from sac_spectral.runs import (
 from sac_spectral.seeding import SeedStreams, derive_seed
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
-RESUMABLE_KEYS = ("total_steps", "eval_every", "eval_episodes", "log_every", "checkpoint_every", "progress", "threads")
+RESUMABLE_KEYS = (
+    "total_steps", "eval_every", "eval_episodes", "log_every", "checkpoint_every", "progress", "threads",
+    *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
+)
 RESET_CHOICES = ("all", "last_layers")
 
 
@@ -79,6 +83,7 @@ class TrainConfig(SACConfig):
     threads: int = option(0, "torch CPU threads (0 = torch's default)")
     progress: bool = option(True, "show a progress bar")
     resets: ResetConfig = section(ResetConfig)
+    diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
     actor: ActorConfig = section(lambda: ActorConfig(regularizers=list(DEFAULT_REGULARIZERS)), "policy network")
     critic: CriticConfig = section(lambda: CriticConfig(regularizers=list(DEFAULT_REGULARIZERS)), "Q-networks")
 
@@ -257,6 +262,17 @@ class Trainer:
         interval.update(time=now, step=self.step, updates=self.updates_done)
         return rates
 
+    def _diagnose(self) -> None:
+        """Log gradient rank, spectra, features and dormant units on a probe batch of its own."""
+        assert self.logger is not None
+        batch, noise = probe_batch(self.agent, self.buffer, self.cfg.diagnostics.batch_size, self.seeds, self.updates_done)
+        for net, report in sac_diagnostics(self.agent, batch, noise, self.cfg.diagnostics).items():
+            for tag, value in report.scalars.items():
+                self.logger.per_seed(tag, self.agent.per_seed(net, value), self.step)
+            for tag, values in report.histograms.items():
+                for i, seed_values in enumerate(values.reshape(len(self.seeds), -1)):
+                    self.logger.histogram(tag if len(self.seeds) == 1 else f"seed{i}/{tag}", seed_values, self.step)
+
     def train(self, stop: GracefulStop) -> int:
         """Run until ``total_steps``; returns the process exit code."""
         cfg, logger = self.cfg, self.logger
@@ -282,10 +298,14 @@ class Trainer:
                 logger.writer.add_scalar(
                     "train/episode_return" if len(self.seeds) == 1 else f"seed{i}/train/episode_return", ret, self.step
                 )
-            n_updates = self._updates_due()
+            n_updates, every = self._updates_due(), cfg.diagnostics.every
             if n_updates > 0:
+                if every and self.updates_done == 0:
+                    self._diagnose()  # the untrained networks, as a baseline
                 self.agent.train_steps(self.buffer, n_updates, cfg.batch_size)
                 self.updates_done += n_updates
+                if every and self.updates_done // every > (self.updates_done - n_updates) // every:
+                    self._diagnose()
             if cfg.resets.every and self.step % cfg.resets.every == 0 and self.step < cfg.total_steps:
                 self.agent.reset(cfg.resets.what, cfg.resets.last_layers)
             if self.step % cfg.log_every == 0:

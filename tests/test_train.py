@@ -50,6 +50,7 @@ def test_short_run_writes_the_run_directory(tmp_path, capsys):
         (["critic.regularizers=[{name: nope}]"], "unknown regularizer 'nope'"),
         (["critic.regularizers=[{name: spectral, coef: -1}]"], "coef must be >= 0"),
         (["env=dmc:cheetah-runn"], "close matches: dmc:cheetah-run"),
+        (["diagnostics.method=fast"], "diagnostics.method: 'fast' is not one of auto, func, factored"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, fragment):
@@ -97,9 +98,9 @@ def _assert_same_state(a, b, path="state"):
     [
         ["replay_ratio=2", "resets.every=500", "critic.regularizers=[{name: spectral, coef: 1e-3}]",
          "actor.regularizers=[{name: spectral, coef: 1e-3}]"],
-        ["num_seeds=2", "replay_ratio=0.5"],
+        ["num_seeds=2", "replay_ratio=0.5", "diagnostics.every=100", "diagnostics.batch_size=64"],
     ],
-    ids=["rr2-resets-spectral", "two-seeds-rr0.5"],
+    ids=["rr2-resets-spectral", "two-seeds-rr0.5-diagnostics"],
 )
 def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, extra):
     """Stop mid-episode at step 700, resume to 1300 (crossing a 1000-step episode end)."""

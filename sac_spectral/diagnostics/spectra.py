@@ -1,10 +1,11 @@
-"""Exact singular values of every weight matrix of a network, per member."""
+"""Exact singular values of every weight matrix of a network, per member, and their summaries."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
+from sac_spectral.diagnostics.metrics import DEFAULT_RTOL, spectrum_summary
 from sac_spectral.layers import layer_views
 
 
@@ -26,3 +27,10 @@ def layer_sigma_max(module: nn.Module) -> list[Tensor]:
         for view in layer_views(module)
         if view.kind != "norm"
     ]
+
+
+@torch.no_grad()
+def weight_spectra(module: nn.Module, rtol: float = DEFAULT_RTOL) -> list[tuple[Tensor, dict[str, Tensor]]]:
+    """Per linear/conv layer (in the order of :func:`layer_sigma_max`): ``σ [M, k]`` and its
+    :func:`~sac_spectral.diagnostics.metrics.spectrum_summary` (σ_max, σ_min, cond, erank, …, each ``[M]``)."""
+    return [(sigma, spectrum_summary(sigma, rtol)) for _, sigma in weight_singular_values(module)]

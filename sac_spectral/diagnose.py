@@ -1,0 +1,127 @@
+"""``python -m sac_spectral.diagnose RUN_DIR [--batch-size N] [--tau T] [--json FILE] [--plot FILE]``
+
+Loads a run's ``config.yaml`` and ``checkpoints/latest.pt``, rebuilds the saved agent and replay
+buffer (no environment is created) and prints the diagnostics of the saved actor and critics on a
+probe batch from the saved buffer: per-example gradient rank of their losses, weight spectra per
+layer, feature rank and dormant units. Values are per seed (critics averaged within a seed).
+``--plot`` draws the singular values (needs matplotlib, an optional dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents import SAC, ReplayBuffer
+from sac_spectral.config import ConfigError, merge_sources, read_yaml
+from sac_spectral.diagnostics import Report
+from sac_spectral.diagnostics.rl import probe_batch, sac_diagnostics
+from sac_spectral.runs import CHECKPOINT, CONFIG_FILE, load_checkpoint, run_cli, write_json
+from sac_spectral.seeding import SeedStreams
+from sac_spectral.train import TrainConfig
+
+
+def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
+    """The run's config, its agent and replay buffer as saved, and the update count."""
+    if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / CHECKPOINT).is_file():
+        raise ConfigError(f"'{run_dir}' is not a run directory: expected {run_dir / CONFIG_FILE} and {run_dir / CHECKPOINT}")
+    cfg = merge_sources(TrainConfig, read_yaml(run_dir / CONFIG_FILE))
+    cfg.device = "cpu"
+    state = load_checkpoint(run_dir / CHECKPOINT)
+    data = state["buffer"]["data"]
+    obs_dim, act_dim = data["obs"].shape[-1], data["action"].shape[-1]
+    seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+    agent = SAC(obs_dim, act_dim, cfg, SeedStreams(seeds))
+    agent.load_full_state_dict(state["agent"])
+    size = int(state["buffer"]["size"])
+    if size == 0:
+        raise ConfigError(f"the replay buffer saved in '{run_dir}' is empty; nothing to probe")
+    buffer = ReplayBuffer(size, obs_dim, act_dim, cfg.num_seeds)  # just large enough for the saved transitions
+    buffer.load_state_dict({**state["buffer"], "capacity": size, "ptr": 0})
+    return cfg, agent, buffer, int(state["updates_done"])
+
+
+def per_seed(agent: SAC, reports: dict[str, Report]) -> dict[str, list[float]]:
+    """Tag → one value per seed."""
+    return {
+        tag: agent.per_seed(net, value).reshape(-1).tolist()
+        for net, rep in reports.items()
+        for tag, value in rep.scalars.items()
+    }
+
+
+def format_table(values: dict[str, list[float]]) -> str:
+    width = max(len(tag) for tag in values)
+    return "\n".join(f"  {tag:<{width}}  " + "  ".join(f"{v:10.4g}" for v in vals) for tag, vals in sorted(values.items()))
+
+
+def plot(reports: dict[str, Report], path: Path) -> None:
+    """Gradient and weight singular values (first member of each net) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(reports), 2, figsize=(10, 4 * len(reports)), squeeze=False)
+    for row, (net, rep) in enumerate(reports.items()):
+        grad = rep.histograms[f"spectra/{net}/grad"][0]
+        axes[row][0].semilogy((grad / grad[0]).tolist())
+        axes[row][0].set(title=f"{net}: per-example gradient matrix", xlabel="index", ylabel="σ_i / σ_1")
+        for tag, sigma in rep.histograms.items():
+            if tag != f"spectra/{net}/grad":
+                axes[row][1].plot(sigma[0].tolist(), marker=".", label=tag.rsplit("/", 1)[1])
+        axes[row][1].set(title=f"{net}: weight singular values", xlabel="index", ylabel="σ_i")
+        axes[row][1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sac_spectral.diagnose",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by python -m sac_spectral.train")
+    parser.add_argument("--batch-size", type=int, help="probe transitions (default: the run's diagnostics.batch_size)")
+    parser.add_argument("--tau", type=float, help="dormant threshold (default: the run's diagnostics.tau)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--json", metavar="FILE", help="also write the values as JSON")
+    parser.add_argument("--plot", metavar="FILE", help="also draw the singular values to a PNG (needs matplotlib)")
+    args = parser.parse_args(argv)
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
+    torch.set_num_threads(args.threads)
+    cfg, agent, buffer, updates = load_run(Path(args.run_dir))
+    dcfg = cfg.diagnostics
+    overrides: dict[str, Any] = {"batch_size": args.batch_size, "tau": args.tau}
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(dcfg, key, value)
+    dcfg.validate()
+    seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+    batch, noise = probe_batch(agent, buffer, dcfg.batch_size, seeds, updates)
+    reports = sac_diagnostics(agent, batch, noise, dcfg)
+    values = per_seed(agent, reports)
+    print(f"{args.run_dir}: {updates} updates, probe batch of {batch['obs'].shape[1]} transitions, "
+          f"dormant τ = {dcfg.tau}; one column per seed ({', '.join(map(str, seeds))})")
+    print(format_table(values))
+    if args.json:
+        write_json(Path(args.json), {"run_dir": str(args.run_dir), "updates": updates, "seeds": seeds, "values": values})
+    if args.plot:
+        plot(reports, Path(args.plot))
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,120 @@
+"""Diagnostics of a SAC agent: its losses as per-example closures, a probe batch, the config section.
+
+- Critic: the TD loss ``ℓ_{n,c,i} = (Q_{n,c}(s_i, a_i) − y_{n,i})²`` of every critic member with the
+  soft target ``y`` from :meth:`SAC.critic_target` held fixed (computed once, no gradient).
+- Actor: ``ℓ_{n,i} = α_n log π_n(ã_i|s_i) − min_c Q_{n,c}(s_i, ã_i)`` with ``ã_i`` from
+  :meth:`SAC.policy` on fixed noise and the critics detached.
+
+The probe batch and its noise come from generators seeded by ``derive_seed(seed, "diagnostics/<k>")``
+for the ``k``-th update count: the agent's own random streams and the global torch generator are
+never drawn from, so a run with diagnostics trains exactly as one without. Nothing here changes
+the agent (no optimizer step, no power iteration, no ``.grad`` written).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from sac_spectral.config import check, option
+from sac_spectral.diagnostics.gradients import METHODS, LossFn
+from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
+from sac_spectral.diagnostics.report import Report, network_diagnostics
+from sac_spectral.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from agents.replay import ReplayBuffer
+    from agents.sac import SAC
+
+DEFAULT_EVERY = 1000
+
+
+@dataclass
+class DiagnosticsConfig:
+    every: int = option(DEFAULT_EVERY, "gradient-rank, spectra, feature and dormant diagnostics before the first update and every N updates (0 = off)")
+    batch_size: int = option(256, "replay transitions in the probe batch (rows of the per-example gradient matrix)")
+    tau: float = option(0.1, "ReDo dormant-score threshold for dormant/<net>/fraction (τ = 0 is logged too)")
+    rtol: float = option(DEFAULT_RTOL, "condition-number floor: singular values <= rtol·σ_max are ignored")
+    per_layer: bool = option(True, "also log the gradient rank of every layer")
+    histograms: bool = option(True, "singular-value histograms under spectra/")
+    method: str = option("auto", f"per-example gradient Gram: {' | '.join(METHODS)}")
+
+    def validate(self) -> None:
+        check(self.every >= 0, "every", f"must be >= 0 (0 = off), got {self.every}")
+        check(self.batch_size >= 2, "batch_size", f"must be >= 2, got {self.batch_size}")
+        check(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")
+        check(0 < self.rtol < 1, "rtol", f"must be in (0, 1), got {self.rtol}")
+        check(self.method in METHODS, "method", f"'{self.method}' is not one of {', '.join(METHODS)}")
+
+
+def probe_batch(
+    agent: SAC, buffer: ReplayBuffer, batch_size: int, seeds: Sequence[int], tick: int
+) -> tuple[dict[str, Tensor], Tensor]:
+    """``[N, B, ...]`` distinct transitions (``B = min(batch_size, len(buffer))``, drawn without
+    replacement so that no row of the gradient matrix repeats) and ``[2, N, B, A]`` noise, from
+    generators of their own."""
+    if len(buffer) == 0:
+        raise RuntimeError("cannot draw a probe batch from an empty replay buffer")
+    b = min(batch_size, len(buffer))
+    gens = [torch.Generator(device=buffer.device).manual_seed(derive_seed(s, f"diagnostics/{tick}")) for s in seeds]
+    idx = torch.stack([torch.randperm(len(buffer), generator=g, device=g.device)[:b] for g in gens])
+    noise = torch.stack([torch.randn((2, b, agent.act_dim), generator=g, device=g.device) for g in gens], dim=1)
+    return buffer.gather(idx), noise
+
+
+def critic_td_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
+    """Closure ``(critic, probe) → [N·C, B]`` and its probe (``obs``, ``action``, ``target``; ``[N, B, ·]``)."""
+    probe = {"obs": batch["obs"], "action": batch["action"], "target": agent.critic_target(batch, noise)}
+
+    def loss(critic: nn.Module, b: dict[str, Tensor]) -> Tensor:
+        q = agent.q_values(critic, b["obs"], b["action"])
+        return (q - b["target"].unsqueeze(1)).square().flatten(0, 1)
+
+    return loss, probe
+
+
+def actor_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
+    """Closure ``(actor, probe) → [N, B]`` and its probe (``obs``, ``noise``; ``[N, B, ·]``)."""
+    alpha = agent.log_alpha.detach().exp().unsqueeze(-1)
+    probe = {"obs": batch["obs"], "noise": noise}
+
+    def loss(actor: nn.Module, b: dict[str, Tensor]) -> Tensor:
+        action, logp = agent.policy(b["obs"], b["noise"])
+        q = agent.q_values(agent.critic, b["obs"], action, detach=True).amin(dim=1)
+        return alpha * logp - q
+
+    return loss, probe
+
+
+@torch.no_grad()
+def hidden_features(agent: SAC, batch: dict[str, Tensor]) -> dict[str, list[Tensor]]:
+    """Post-activation hidden features ``[M, B, F]`` of actor (on ``s``) and critics (on ``s, a``)."""
+    obs = batch["obs"]
+    n, b = obs.shape[:2]
+    x = torch.cat([obs, batch["action"]], dim=-1).unsqueeze(1).expand(n, agent.num_critics, b, -1)
+    return {
+        "actor": list(agent.actor(obs, return_hidden=True)[1]),
+        "critic": list(agent.critic(x.reshape(n * agent.num_critics, b, -1), return_hidden=True)[1]),
+    }
+
+
+def sac_diagnostics(agent: SAC, batch: dict[str, Tensor], noise: Tensor, cfg: DiagnosticsConfig) -> dict[str, Report]:
+    """``{"actor": Report, "critic": Report}`` on a probe ``batch`` ``[N, B, ...]`` with ``noise`` ``[2, N, B, A]``;
+    values are per member (actor ``[N]``, critic ``[N·C]``)."""
+    features = hidden_features(agent, batch)
+    closures = {"critic": critic_td_loss(agent, batch, noise[0]), "actor": actor_loss(agent, batch, noise[1])}
+    nets = {"actor": agent.actor, "critic": agent.critic}
+    out = {}
+    for net, (loss, probe) in closures.items():
+        rep = network_diagnostics(
+            nets[net], loss, probe, net, features[net], cfg.tau, example_dim=1, method=cfg.method,
+            rtol=cfg.rtol, per_layer=cfg.per_layer,
+        )
+        if not cfg.histograms:
+            rep.histograms.clear()
+        out[net] = rep
+    return out
