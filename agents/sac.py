@@ -33,6 +33,7 @@ from agents.replay import ReplayBuffer
 from sac_spectral.config import check, option, section
 from sac_spectral.nets import ACTIVATIONS, INITS, BatchedMLP
 from sac_spectral.regularizers import Regularizer, build_regularizers, validate_specs
+from sac_spectral.reinit import reset_layers
 from sac_spectral.seeding import SeedStreams
 
 _LOG2 = math.log(2.0)
@@ -143,6 +144,7 @@ class SAC(nn.Module):
         self.actor_opt = _optimizer(list(self.actor.parameters()), cfg.actor.lr, cfg.actor.weight_decay)
         self.critic_opt = _optimizer(list(self.critic.parameters()), cfg.critic.lr, cfg.critic.weight_decay)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha.lr)
+        self._probe_batch: dict[str, Tensor] = {}
         self.actor_regs, self.critic_regs = self._build_regularizers()
         self.num_updates = 0
         self._last: dict[str, Tensor] = {}
@@ -167,12 +169,24 @@ class SAC(nn.Module):
         )
 
     def _build_regularizers(self) -> tuple[list[Regularizer], list[Regularizer]]:
+        """Build each network's regularizers and give them its optimizer, the current batch as
+        probe, and per-member random streams seeded from each seed's ``init`` stream (so seed i of
+        a multi-seed run draws what a single-seed run draws)."""
         actor_regs = build_regularizers(self.actor, self.cfg.actor.regularizers, "actor.regularizers")
         critic_regs = build_regularizers(self.critic, self.cfg.critic.regularizers, "critic.regularizers")
-        for reg in actor_regs:
-            reg.attach(self.actor_opt)
-        for reg in critic_regs:
-            reg.attach(self.critic_opt)
+        probes = {
+            "actor": lambda: self._probe_batch["obs"],
+            "critic": lambda: self.critic_inputs(self._probe_batch["obs"], self._probe_batch["action"]),
+        }
+        for net, regs, opt, gens in (
+            ("actor", actor_regs, self.actor_opt, self.streams["init"]),
+            ("critic", critic_regs, self.critic_opt, self._critic_generators()),
+        ):
+            for reg in regs:
+                reg.attach(opt)
+                reg.set_probe(probes[net])
+                if reg.generators:
+                    reg.seed_members([int(torch.randint(2**62, (), generator=g)) for g in gens])
         return actor_regs, critic_regs
 
     # ----------------------------------------------------------------------------- networks
@@ -186,11 +200,16 @@ class SAC(nn.Module):
         lo, hi = self.cfg.actor.log_std_min, self.cfg.actor.log_std_max
         return mean, lo + 0.5 * (hi - lo) * (torch.tanh(raw) + 1.0)
 
+    def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
+        """``[N·num_critics, B, obs+act]``: each seed's ``(obs, action)`` for each of its critics."""
+        n, b = obs.shape[:2]
+        x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
+        return x.reshape(n * self.num_critics, b, -1)
+
     def q_values(self, net: BatchedMLP, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
         """``[N, num_critics, B]`` Q-values of ``obs, action: [N, B, ·]``."""
         n, b = obs.shape[:2]
-        x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
-        return net(x.reshape(n * self.num_critics, b, -1), detach).view(n, self.num_critics, b)
+        return net(self.critic_inputs(obs, action), detach).view(n, self.num_critics, b)
 
     @torch.inference_mode()
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
@@ -215,6 +234,7 @@ class SAC(nn.Module):
         """One SAC update of every seed. ``batch`` tensors are ``[N, B, ...]``, ``noise`` is
         ``[2, N, B, A]`` (next-state actions, current-state actions)."""
         obs, action = batch["obs"], batch["action"]
+        self._probe_batch = batch
         alpha = self.log_alpha.detach().exp().unsqueeze(-1)
         target = self.critic_target(batch, noise[0])
         q = self.q_values(self.critic, obs, action)
@@ -272,23 +292,15 @@ class SAC(nn.Module):
         layers of actor and critics, copies them into the targets and clears their Adam moments.
         """
         gens, cgens = self.streams["init"], self._critic_generators()
-        if what == "all":
-            self.actor.reset_parameters(gens)
-            self.critic.reset_parameters(cgens)
-            self.target_critic.load_state_dict(self.critic.state_dict())
-            self.log_alpha.fill_(math.log(self.cfg.alpha.init))
-            for opt in (self.actor_opt, self.critic_opt, self.alpha_opt):
-                opt.state.clear()
-            self.actor_regs, self.critic_regs = self._build_regularizers()
-            return
-        self.actor.reset_parameters(gens, last=last_layers)
-        self.critic.reset_parameters(cgens, last=last_layers)
-        for src, dst in zip(self.critic.tail(last_layers), self.target_critic.tail(last_layers)):
+        last = None if what == "all" else last_layers
+        reset_layers(self.actor.tail(last), gens, self.actor_opt)
+        reset_layers(self.critic.tail(last), cgens, self.critic_opt)
+        for src, dst in zip(self.critic.tail(last), self.target_critic.tail(last)):
             dst.load_state_dict(src.state_dict())
-        for net, opt in ((self.actor, self.actor_opt), (self.critic, self.critic_opt)):
-            for mod in net.tail(last_layers):
-                for p in mod.parameters():
-                    opt.state.pop(p, None)
+        if what == "all":
+            self.log_alpha.fill_(math.log(self.cfg.alpha.init))
+            self.alpha_opt.state.clear()
+            self.actor_regs, self.critic_regs = self._build_regularizers()
 
     # ----------------------------------------------------------------------------- state & metrics
     def metrics(self) -> dict[str, Tensor]:

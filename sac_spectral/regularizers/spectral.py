@@ -1,21 +1,25 @@
 """Spectral regularization (Lewandowski et al., "Learning Continually by Spectral
 Regularization", ICLR 2025, arXiv:2406.06811).
 
-    R(θ) = Σ_l [ (σ_max(W_l)^k − 1)² + (‖b_l‖₂^k)² ],     penalty = coef · R
+    mode=max:  R(θ) = Σ_l [ (σ_max(W_l)^k − 1)² + (‖b_l‖₂^k)² ]
+    mode=all:  R(θ) = Σ_l [ Σ_j (σ_j(W_l)^k − 1)² + (‖b_l‖₂^k)² ]          penalty = coef · R
 
-Each layer's largest singular value is pulled toward 1 and its bias toward 0. Normalization
-layers are treated as diagonal matrices: gain ``g`` has σ_max = max_i |g_i| (pulled toward 1),
-the shift is a bias (pulled toward 0). For a member-batched network the sum also runs over
+Targets per layer type: a weight's largest singular value (``mode=all``: every singular value)
+→ 1, a bias → 0; a normalization layer's gain is a diagonal matrix (σ_j = |g_j|, so σ_max =
+max_j |g_j|) → 1 and its shift is a bias → 0. For a member-batched network the sum also runs over
 members; each member's gradient is its own penalty's.
 
-σ_max comes from power iteration with persistent vectors ``u, v`` (one step per ``penalty()``
-call, no gradient through ``u, v``): ``v ← Wᵀu/‖Wᵀu‖``, ``u ← Wv/‖Wv‖``, ``σ̂ = uᵀWv = ‖Wv‖``,
-differentiated with respect to ``W`` only: ∂σ̂/∂W = u vᵀ. Conv kernels are reshaped to
-``[out, in·kh·kw]``. The gradient is formed analytically in the forward pass (one autograd node
-for all layers), which keeps the regularizer's cost to a few memory-bound ops per layer.
+``mode=max``: σ_max comes from power iteration with persistent vectors ``u, v`` (one step per
+``penalty()`` call, no gradient through ``u, v``): ``v ← Wᵀu/‖Wᵀu‖``, ``u ← Wv/‖Wv‖``,
+``σ̂ = uᵀWv = ‖Wv‖``, differentiated with respect to ``W`` only: ∂σ̂/∂W = u vᵀ. The gradient is
+formed analytically in the forward pass (one autograd node for all layers), which keeps the cost
+to a few memory-bound ops per layer. ``mode=all`` pulls every singular value toward 1 (exact
+``torch.linalg.svdvals``, differentiated by autograd; ∂σ_j/∂W = u_j v_jᵀ): the deep-linear
+sequence of PAPERS.md §5 needs all of them, σ_max alone is not enough. It costs one batched SVD
+per layer and update. Conv kernels are reshaped to ``[out, in·kh·kw]``.
 
-Defaults: ``coef=1e-4``, ``k=2``, ``layers="all"`` (the paper regularizes every layer; ``"hidden"``
-skips the output layer), ``power_iters=1``.
+Defaults: ``coef=1e-4``, ``k=2``, ``mode="max"``, ``layers="all"`` (the paper regularizes every
+layer; ``"hidden"`` skips the output layer), ``power_iters=1``, ``seed=0`` (initial ``u``).
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.layers import LAYER_CHOICES, LayerView, layer_views
+from sac_spectral.layers import LayerView, checked_views
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
 _WARMUP_ITERS = 20
+MODES = ("max", "all")
 
 
 @torch.no_grad()
@@ -76,7 +81,7 @@ class _MatrixPenalty(torch.autograd.Function):
 
 @register
 class Spectral(Regularizer):
-    """Keep each layer's top singular value near 1 and its bias near 0."""
+    """Keep each layer's top (or every) singular value near 1 and its bias near 0."""
 
     name = "spectral"
 
@@ -85,6 +90,7 @@ class Spectral(Regularizer):
         module: nn.Module,
         coef: float = 1e-4,
         k: float = 2.0,
+        mode: str = "max",
         layers: str = "all",
         power_iters: int = 1,
         seed: int = 0,
@@ -92,15 +98,14 @@ class Spectral(Regularizer):
         super().__init__(module)
         require(coef >= 0, f"coef must be >= 0, got {coef}")
         require(k > 0, f"k must be > 0, got {k}")
-        require(layers in LAYER_CHOICES, f"layers must be one of {', '.join(LAYER_CHOICES)}, got '{layers}'")
+        require(mode in MODES, f"mode must be one of {', '.join(MODES)}, got '{mode}'")
         require(int(power_iters) >= 1, f"power_iters must be an integer >= 1, got {power_iters}")
-        self.coef, self.k, self.power_iters = float(coef), float(k), int(power_iters)
-        self.views: list[LayerView] = layer_views(module, layers)
-        require(len(self.views) > 0, "the module has no Linear, Conv or normalization layer to regularize")
+        self.coef, self.k, self.mode, self.power_iters = float(coef), float(k), mode, int(power_iters)
+        self.views: list[LayerView] = checked_views(module, layers, self.name)
         gen = torch.Generator().manual_seed(seed)
         for i, view in enumerate(self.views):
             w = view.weight()
-            if view.kind == "norm" or w is None:
+            if view.kind == "norm" or w is None or mode == "all":
                 continue
             members, rows, cols = w.shape
             u = F.normalize(torch.randn(rows, generator=gen), dim=0).to(w)
@@ -112,12 +117,14 @@ class Spectral(Regularizer):
         return self.state[f"u{i}"], self.state[f"v{i}"]
 
     def penalty(self) -> Tensor:
-        weights, vectors, biases, norm_terms = [], [], [], []
+        weights, vectors, biases, exact_terms = [], [], [], []
         for i, view in enumerate(self.views):
             w, b = view.weight(), view.bias()
-            if view.kind == "norm":
-                if w is not None:
-                    norm_terms.append((w.abs().amax(dim=1).pow(self.k) - 1.0).square().sum())
+            if w is not None and view.kind == "norm":
+                sv = w.abs() if self.mode == "all" else w.abs().amax(dim=1)
+                exact_terms.append((sv.pow(self.k) - 1.0).square().sum())
+            elif w is not None and self.mode == "all":
+                exact_terms.append((torch.linalg.svdvals(w).pow(self.k) - 1.0).square().sum())
             elif w is not None:
                 weights.append(w)
                 vectors.append((*self._vectors(i), self.power_iters))
@@ -126,31 +133,42 @@ class Spectral(Regularizer):
         terms = []
         if weights or biases:
             terms.append(_MatrixPenalty.apply((self.coef, self.k, vectors, len(weights)), *weights, *biases))
-        if norm_terms:
-            terms.append(self.coef * torch.stack(norm_terms).sum())
+        if exact_terms:
+            terms.append(self.coef * torch.stack(exact_terms).sum())
         return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
 
     @torch.no_grad()
     def sigma_estimates(self) -> list[Tensor]:
-        """Current estimate ``uᵀWv`` per layer, ``[M]`` each (norm layers: max |gain|)."""
+        """σ_max per layer, ``[M]`` each: the power-iteration estimate ``uᵀWv`` (``mode=max``) or
+        the exact value (``mode=all``); norm layers: max |gain|."""
         out = []
         for i, view in enumerate(self.views):
             w = view.weight()
             if view.kind == "norm":
                 out.append(w.abs().amax(dim=1))
+            elif self.mode == "all":
+                out.append(torch.linalg.matrix_norm(w, ord=2))
             else:
                 u, v = self._vectors(i)
                 out.append(torch.einsum("mi,mij,mj->m", u, w, v))
         return out
 
     @torch.no_grad()
-    def metrics(self) -> dict[str, Tensor]:
-        sigmas = self.sigma_estimates()
-        out = {f"layer{i}/sigma_max": s for i, s in enumerate(sigmas)}
-        total = sum((s.pow(self.k) - 1.0).square() for s in sigmas)
-        for view in self.views:
-            b = view.bias()
+    def _per_member_penalty(self) -> Tensor:
+        total = torch.zeros(self.views[0].members, device=self.views[0].tensors()[0].device)
+        for view, sigma in zip(self.views, self.sigma_estimates()):
+            w, b = view.weight(), view.bias()
+            if w is not None and self.mode == "all":
+                sv = w.abs() if view.kind == "norm" else torch.linalg.svdvals(w)
+                total = total + (sv.pow(self.k) - 1.0).square().sum(dim=1)
+            elif w is not None:
+                total = total + (sigma.pow(self.k) - 1.0).square()
             if b is not None:
                 total = total + b.square().sum(dim=1).pow(self.k)
-        out["penalty"] = self.coef * total
+        return self.coef * total
+
+    @torch.no_grad()
+    def metrics(self) -> dict[str, Tensor]:
+        out = {f"layer{i}/sigma_max": s for i, s in enumerate(self.sigma_estimates())}
+        out["penalty"] = self._per_member_penalty()
         return out
