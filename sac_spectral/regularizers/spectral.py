@@ -42,41 +42,50 @@ MODES = ("max", "all")
 def power_step(w: Tensor, u: Tensor, v: Tensor, iters: int = 1) -> Tensor:
     """``iters`` in-place power-iteration steps on ``u [M, rows]``, ``v [M, cols]`` for
     ``w [M, rows, cols]``; returns the estimate ``σ̂ = ‖W v‖ = uᵀ W v``, shape ``[M]``."""
-    sigma = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+    u3, v3 = u.unsqueeze(1), v.unsqueeze(2)  # views: [M, 1, rows], [M, cols, 1]
     for _ in range(iters):
-        v.copy_(F.normalize(torch.bmm(u.unsqueeze(1), w).squeeze(1), dim=1))
-        wv = torch.bmm(w, v.unsqueeze(2)).squeeze(2)
-        sigma = torch.linalg.vector_norm(wv, dim=1)
-        u.copy_(wv / sigma.clamp_min(1e-12).unsqueeze(1))
-    return sigma
+        torch.bmm(u3, w, out=v3.transpose(1, 2))
+        v3.div_(torch.linalg.vector_norm(v3, dim=1, keepdim=True).clamp_min_(1e-12))
+        torch.bmm(w, v3, out=u3.transpose(1, 2))
+        sigma = torch.linalg.vector_norm(u3, dim=2)
+        u3.div_(sigma.clamp_min(1e-12).unsqueeze(2))
+    return sigma.squeeze(1)
 
 
 class _MatrixPenalty(torch.autograd.Function):
-    """``coef·Σ_l Σ_m [(σ̂^k − 1)² + ‖b‖^{2k}]`` with the analytic gradient (u, v held fixed)."""
+    """``coef·Σ_l Σ_m [(σ̂_l^k − 1)² + ‖b_l‖^{2k}]`` with the analytic gradient (u, v held fixed).
+
+    The per-member scalars of all layers are computed together; backward writes each weight
+    gradient once, as the rank-one ``(grad_out·scale·u) vᵀ``."""
 
     @staticmethod
     def forward(ctx: Any, spec: tuple[float, float, list[tuple[Tensor, Tensor, int]], int], *tensors: Tensor) -> Tensor:
-        coef, k, vectors, n_weights = spec
-        weights, biases = tensors[:n_weights], tensors[n_weights:]
-        total = torch.zeros((), dtype=tensors[0].dtype, device=tensors[0].device)
-        grads: list[Tensor] = []
-        for w, (u, v, iters) in zip(weights, vectors):
-            sigma = power_step(w, u, v, iters)
-            sk = sigma.pow(k)
-            total = total + (sk - 1.0).square().sum()
-            scale = coef * 2.0 * (sk - 1.0) * k * sigma.pow(k - 1.0)
-            grads.append(torch.einsum("m,mi,mj->mij", scale, u, v))
-        for b in biases:
-            sq = b.square().sum(dim=1)
-            total = total + sq.pow(k).sum()
-            scale = coef * k * sq.clamp_min(1e-30).pow(k - 1.0) * 2.0
-            grads.append(scale.unsqueeze(1) * b)
-        ctx.save_for_backward(*grads)
+        coef, k, vectors, n = spec
+        weights, biases = tensors[:n], tensors[n:]
+        total = tensors[0].new_zeros(())
+        w_scale = b_scale = total
+        if weights:
+            sigma = torch.stack([power_step(w, u, v, iters) for w, (u, v, iters) in zip(weights, vectors)])
+            sk = sigma.square() if k == 2.0 else sigma.pow(k)
+            total = (sk - 1.0).square().sum()
+            w_scale = (2.0 * coef * k) * (sk - 1.0) * (sigma if k == 2.0 else sigma.pow(k - 1.0))
+        if biases:
+            sq = torch.stack([b.square().sum(dim=1) for b in biases])
+            total = total + (sq.square() if k == 2.0 else sq.pow(k)).sum()
+            b_scale = (2.0 * coef * k) * (sq if k == 2.0 else sq.clamp_min(1e-30).pow(k - 1.0))
+        ctx.n = n
+        ctx.save_for_backward(w_scale, b_scale, *(t.clone() for u, v, _ in vectors for t in (u, v)), *biases)
         return coef * total
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        return (None, *(grad_out * g for g in ctx.saved_tensors))
+        w_scale, b_scale, *rest = ctx.saved_tensors
+        n = ctx.n
+        uvs, biases = rest[: 2 * n], rest[2 * n :]
+        w_scale, b_scale = grad_out * w_scale, grad_out * b_scale
+        grads = [(w_scale[i].unsqueeze(1) * uvs[2 * i]).unsqueeze(2) * uvs[2 * i + 1].unsqueeze(1) for i in range(n)]
+        grads += [b_scale[i].unsqueeze(1) * b for i, b in enumerate(biases)]
+        return (None, *grads)
 
 
 @register
