@@ -1,6 +1,7 @@
 """Regularizers inside the SAC agent, and the optimizer/architecture options of each network."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,8 +10,12 @@ from torch import nn
 
 from agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.nets import ACTIVATIONS, BatchedMLP
+from sac_spectral.config import load_config
 from sac_spectral.regularizers import REGISTRY
 from sac_spectral.seeding import SeedStreams
+from sac_spectral.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def small_cfg() -> SACConfig:
@@ -163,3 +168,10 @@ def test_full_reset_draws_the_initializer_from_the_continuing_init_stream():
     for got, ref in zip(list(agent.actor.parameters()) + list(agent.critic.parameters()),
                         list(actor.parameters()) + list(critic.parameters())):
         assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "run_configs").glob("primacy_bias_*.yaml")), ids=lambda p: p.stem)
+def test_every_primacy_bias_config_builds_its_agent(path):
+    cfg = load_config(TrainConfig, path)
+    agent = SAC(17, 6, cfg, SeedStreams([0]))
+    assert [r.name for r in agent.critic_regs] == [r["name"] for r in cfg.critic.regularizers]
