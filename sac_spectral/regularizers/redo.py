@@ -26,8 +26,6 @@ Defaults: ``tau=0.1`` (RL; Sokar et al. use 0.025 in some settings, PAPERS.md §
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
@@ -210,5 +208,5 @@ class ReDo(Regularizer):
         member_param(consumer.weight, consumer, m).masked_fill_(mask, 0.0)
         zero_moments(optimizer, consumer.weight, mask, _member(consumer, m))
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, Tensor]:
         return {"dormant_fraction": self.state["dormant_fraction"], "recycled": self.state["recycled"]}

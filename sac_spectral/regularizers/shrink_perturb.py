@@ -10,9 +10,8 @@ a normalization layer's initializer is deterministic, gain 1 and shift 0, so its
 its own random stream (checkpointed); drawing an orthogonal matrix costs a QR decomposition, so
 ``every = 1`` on wide layers is slow.
 
-Defaults: ``shrink=1e-4``, ``sigma=1e-4``, ``every=1`` (ours: a continual, every-step variant as in
-the continual-learning comparisons of PAPERS.md §2; Ash & Adams apply it once per new data chunk,
-with the shrink factor 1 − shrink of order 0.3–0.6), ``layers="all"``, ``seed=0``.
+Defaults: ``shrink=1e-4``, ``sigma=1e-4``, ``every=1`` (ours: the every-step variant of continual
+learning, PAPERS.md §2; Ash & Adams apply it when new data arrives), ``layers="all"``, ``seed=0``.
 """
 
 from __future__ import annotations
