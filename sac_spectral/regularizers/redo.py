@@ -7,7 +7,8 @@ batch) and separately for each member, each hidden unit ``i`` of a layer with ``
     s_i = E_x |h_i(x)| / ( (1/H) Σ_j E_x |h_j(x)| ),
 
 ``h`` being the unit's activation as the next layer sees it (after normalization and activation;
-a CReLU unit's two outputs are averaged, a conv channel's outputs over positions). Units with
+a CReLU unit's two outputs are averaged, a conv channel's outputs over positions; the probe
+forward runs in eval mode, so it updates no BatchNorm statistics). Units with
 ``s_i ≤ tau`` are dormant. For each of them: its incoming weights and bias (and its gain/shift in
 a normalization layer right after it) are re-drawn from the layer's initializer, its outgoing
 weights in the next layer are set to zero, and the optimizer's per-element state of exactly those
