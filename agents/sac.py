@@ -37,6 +37,7 @@ from agents.replay import ReplayBuffer
 from sac_spectral.config import check, option, section
 from sac_spectral.nets import ACTIVATIONS, INITS, BatchedMLP
 from sac_spectral.regularizers import Regularizer, build_regularizers, validate_specs
+from sac_spectral.reinit import reset_layers
 from sac_spectral.seeding import SeedStreams
 
 _LOG2 = math.log(2.0)
@@ -156,6 +157,7 @@ class SAC(nn.Module):
             actor_groups.append({"params": [self.log_alpha], "lr": cfg.alpha.lr, "weight_decay": 0.0})
         self.actor_opt = _optimizer(actor_groups, cfg.actor.weight_decay)
         self.critic_opt = _optimizer([{"params": list(self.critic.parameters()), "lr": cfg.critic.lr}], cfg.critic.weight_decay)
+        self._probe_batch: dict[str, Tensor] = {}
         self.actor_regs, self.critic_regs = self._build_regularizers()
         self.num_updates = 0
         self._last: dict[str, Tensor] = {}
@@ -189,12 +191,24 @@ class SAC(nn.Module):
         )
 
     def _build_regularizers(self) -> tuple[list[Regularizer], list[Regularizer]]:
+        """Build each network's regularizers and give them its optimizer, the current batch as
+        probe, and per-member random streams seeded from each seed's ``init`` stream (so seed i of
+        a multi-seed run draws what a single-seed run draws)."""
         actor_regs = build_regularizers(self.actor, self.cfg.actor.regularizers, "actor.regularizers")
         critic_regs = build_regularizers(self.critic, self.cfg.critic.regularizers, "critic.regularizers")
-        for reg in actor_regs:
-            reg.attach(self.actor_opt)
-        for reg in critic_regs:
-            reg.attach(self.critic_opt)
+        probes = {
+            "actor": lambda: self._probe_batch["obs"],
+            "critic": lambda: self.critic_inputs(self._probe_batch["obs"], self._probe_batch["action"]),
+        }
+        for net, regs, opt, gens in (
+            ("actor", actor_regs, self.actor_opt, self.streams["init"]),
+            ("critic", critic_regs, self.critic_opt, self._critic_generators()),
+        ):
+            for reg in regs:
+                reg.attach(opt)
+                reg.set_probe(probes[net])
+                if reg.generators:
+                    reg.seed_members([int(torch.randint(2**62, (), generator=g)) for g in gens])
         return actor_regs, critic_regs
 
     # ----------------------------------------------------------------------------- networks
@@ -208,11 +222,16 @@ class SAC(nn.Module):
         lo, hi = self.cfg.actor.log_std_min, self.cfg.actor.log_std_max
         return mean, lo + 0.5 * (hi - lo) * (torch.tanh(raw) + 1.0)
 
+    def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
+        """``[N·num_critics, B, obs+act]``: each seed's ``(obs, action)`` for each of its critics."""
+        n, b = obs.shape[:2]
+        x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
+        return x.reshape(n * self.num_critics, b, -1)
+
     def q_values(self, net: BatchedMLP, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
         """``[N, num_critics, B]`` Q-values of ``obs, action: [N, B, ·]``."""
         n, b = obs.shape[:2]
-        x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
-        return net(x.reshape(n * self.num_critics, b, -1), detach).float().view(n, self.num_critics, b)
+        return net(self.critic_inputs(obs, action), detach).float().view(n, self.num_critics, b)
 
     @torch.inference_mode()
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
@@ -255,6 +274,7 @@ class SAC(nn.Module):
     def update(self, batch: dict[str, Tensor], noise: Tensor) -> None:
         """One SAC update of every seed. ``batch`` tensors are ``[N, B, ...]``, ``noise`` is
         ``[2, N, B, A]`` (next-state actions, current-state actions)."""
+        self._probe_batch = batch
         critic_loss, q_mean = self._critic_loss(batch, noise[0])
         self._step(self.critic_opt, critic_loss.sum(), self.critic_regs)
         torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
@@ -301,23 +321,15 @@ class SAC(nn.Module):
         layers of actor and critics, copies them into the targets and clears their Adam moments.
         """
         gens, cgens = self.streams["init"], self._critic_generators()
-        if what == "all":
-            self.actor.reset_parameters(gens)
-            self.critic.reset_parameters(cgens)
-            self.target_critic.load_state_dict(self.critic.state_dict())
-            self.log_alpha.fill_(math.log(self.cfg.alpha.init))
-            for opt in (self.actor_opt, self.critic_opt):
-                opt.state.clear()
-            self.actor_regs, self.critic_regs = self._build_regularizers()
-            return
-        self.actor.reset_parameters(gens, last=last_layers)
-        self.critic.reset_parameters(cgens, last=last_layers)
-        for src, dst in zip(self.critic.tail(last_layers), self.target_critic.tail(last_layers)):
+        last = None if what == "all" else last_layers
+        reset_layers(self.actor.tail(last), gens, self.actor_opt)
+        reset_layers(self.critic.tail(last), cgens, self.critic_opt)
+        for src, dst in zip(self.critic.tail(last), self.target_critic.tail(last)):
             dst.load_state_dict(src.state_dict())
-        for net, opt in ((self.actor, self.actor_opt), (self.critic, self.critic_opt)):
-            for mod in net.tail(last_layers):
-                for p in mod.parameters():
-                    opt.state.pop(p, None)
+        if what == "all":
+            self.log_alpha.fill_(math.log(self.cfg.alpha.init))
+            self.actor_opt.state.pop(self.log_alpha, None)
+            self.actor_regs, self.critic_regs = self._build_regularizers()
 
     # ----------------------------------------------------------------------------- state & metrics
     def metrics(self) -> dict[str, Tensor]:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from sac_spectral.nets import BatchedLayerNorm, BatchedLinear
+from sac_spectral.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
 
 Kind = Literal["linear", "conv", "norm"]
 LAYER_CHOICES = ("all", "hidden")
@@ -59,6 +59,10 @@ class LayerView:
         b = self.bias_param
         return None if b is None else b.reshape(self.members, -1)
 
+    def tensors(self) -> list[Tensor]:
+        """The layer's parameters with the member axis first: weight (or gain), then bias (or shift)."""
+        return [t for t in (self.weight(), self.bias()) if t is not None]
+
 
 def _classify(module: nn.Module) -> tuple[Kind, int] | None:
     if isinstance(module, BatchedLinear):
@@ -93,6 +97,38 @@ def layer_views(module: nn.Module, layers: str = "all") -> list[LayerView]:
     if layers == "hidden":
         views = [v for v in views if not v.is_output]
     return views
+
+
+SUPPORTED = "nn.Linear, nn.Conv1d/2d/3d, nn.LayerNorm/GroupNorm/BatchNorm and sac_spectral's BatchedLinear/BatchedLayerNorm"
+
+
+def checked_views(module: nn.Module, layers: str, method: str) -> list[LayerView]:
+    """:func:`layer_views` for regularizer ``method``; raises ``ValueError`` if the module owns
+    parameters in layers no view covers, has no layer at all, or mixes member counts."""
+    if layers not in LAYER_CHOICES:
+        raise ValueError(f"layers must be one of {', '.join(LAYER_CHOICES)}, got '{layers}'")
+    bad = unsupported_layers(module)
+    if bad:
+        raise ValueError(f"{method} cannot handle the parameters of {', '.join(bad)}; supported layers: {SUPPORTED}")
+    views = layer_views(module, layers)
+    if not views:
+        raise ValueError(f"{method}: the module has no layer to act on (supported: {SUPPORTED})")
+    counts = sorted({v.members for v in views})
+    if len(counts) > 1:
+        raise ValueError(f"{method}: layers have different member counts {counts}; use one member-batched network")
+    return views
+
+
+def layer_tail(module: nn.Module, last: int | None = None) -> list[nn.Module]:
+    """The modules of the last ``last`` linear/conv layers and the normalization layers after them
+    (every layer if ``None``). :class:`~sac_spectral.nets.BatchedMLP` knows its order; other modules
+    are taken in registration order."""
+    if isinstance(module, BatchedMLP):
+        return module.tail(last)
+    views = layer_views(module)
+    weighted = [i for i, v in enumerate(views) if v.kind != "norm"]
+    start = 0 if last is None or last >= len(weighted) else weighted[-last]
+    return [v.module for v in views[start:]]
 
 
 def unsupported_layers(module: nn.Module) -> list[str]:

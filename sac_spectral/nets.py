@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sac_spectral.reinit import per_member, reinitialize
+
 INITS = ("orthogonal", "torch")
 
 
@@ -35,14 +37,6 @@ ACTIVATIONS: dict[str, tuple[Callable[[Tensor], Tensor], int]] = {
     "leaky_relu": (F.leaky_relu, 1),
     "crelu": (_crelu, 2),
 }
-
-
-def _generators(gens: Sequence[torch.Generator | None] | None, members: int) -> list[torch.Generator | None]:
-    if gens is None:
-        return [None] * members
-    if len(gens) != members:
-        raise ValueError(f"expected {members} generators (one per member), got {len(gens)}")
-    return list(gens)
 
 
 class BatchedLinear(nn.Module):
@@ -94,12 +88,7 @@ class BatchedLinear(nn.Module):
         members: Sequence[int] | None = None,
     ) -> None:
         """Re-draw the listed members (all by default), member ``m`` from ``generators[m]``."""
-        gens = _generators(generators, self.members)
-        for m in range(self.members) if members is None else members:
-            w, b = self.draw(gens[m])
-            self.weight[m].copy_(w)
-            if self.bias is not None and b is not None:
-                self.bias[m].copy_(b)
+        reinitialize([self], generators, members)
 
     def forward(self, x: Tensor, detach: bool = False) -> Tensor:
         w, b = self.weight, self.bias
@@ -133,9 +122,7 @@ class BatchedLayerNorm(nn.Module):
         generators: Sequence[torch.Generator | None] | None = None,
         members: Sequence[int] | None = None,
     ) -> None:
-        idx = list(range(self.members)) if members is None else list(members)
-        self.weight[idx] = 1.0
-        self.bias[idx] = 0.0
+        reinitialize([self], generators, members)
 
     def forward(self, x: Tensor, detach: bool = False) -> Tensor:
         w, b = (self.weight.detach(), self.bias.detach()) if detach else (self.weight, self.bias)
@@ -169,7 +156,7 @@ class BatchedMLP(nn.Module):
         self.members, self.in_dim, self.out_dim = members, in_dim, out_dim
         self.activation = activation
         self._act, width_mult = ACTIVATIONS[activation]
-        gens = _generators(generators, members)
+        gens = per_member(generators, members)
         self.layers = nn.ModuleList()
         self.norms = nn.ModuleList() if layer_norm else None
         d = in_dim
@@ -196,8 +183,7 @@ class BatchedMLP(nn.Module):
         last: int | None = None,
     ) -> None:
         """Re-initialize every layer, or only the ``last`` linear layers (with their norms)."""
-        for mod in self.tail(last):
-            mod.reset_parameters(generators, members)
+        reinitialize(self.tail(last), generators, members)
 
     def forward(
         self, x: Tensor, detach: bool = False, return_hidden: bool = False

@@ -1,7 +1,6 @@
 """End-to-end runner tests: CLI errors, resume bit-identity, signals, non-finite stops."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -93,14 +92,28 @@ def _assert_same_state(a, b, path="state"):
         assert a == b, path
 
 
+# Every regularizer on both networks; the interventions fire before and after the resume point
+# (updates 1…500 before it, 501…1100 after), and the full reset at step 500 rebuilds them all.
+EVERY_METHOD = (
+    "[{name: l2, coef: 1e-4}, {name: l2_init, coef: 1e-4}, {name: wasserstein_init, coef: 1e-4},"
+    " {name: parseval, coef: 1e-4}, {name: spectral_norm, layers: hidden},"
+    " {name: shrink_perturb, shrink: 0.01, sigma: 0.01, every: 130}, {name: redo, tau: 0.5, every: 90},"
+    " {name: reset, every: 240, last: 1}, "
+)
+
+
 @pytest.mark.parametrize(
     "extra",
     [
         ["replay_ratio=2", "resets.every=500", "critic.regularizers=[{name: spectral, coef: 1e-3}]",
          "actor.regularizers=[{name: spectral, coef: 1e-3}]"],
         ["num_seeds=2", "replay_ratio=0.5", "diagnostics.every=100", "diagnostics.batch_size=64"],
+        ["num_seeds=2", "resets.every=500", "critic.layer_norm=true", "critic.activation=crelu",
+         "critic.weight_decay=1e-3", "actor.weight_decay=1e-3",
+         f"critic.regularizers={EVERY_METHOD}{{name: spectral, coef: 1e-3, mode: all}}]",
+         f"actor.regularizers={EVERY_METHOD}{{name: spectral, coef: 1e-3}}]"],
     ],
-    ids=["rr2-resets-spectral", "two-seeds-rr0.5-diagnostics"],
+    ids=["rr2-resets-spectral", "two-seeds-rr0.5-diagnostics", "two-seeds-every-method"],
 )
 def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, extra):
     """Stop mid-episode at step 700, resume to 1300 (crossing a 1000-step episode end)."""

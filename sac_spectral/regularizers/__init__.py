@@ -6,7 +6,18 @@
 """
 
 from sac_spectral.regularizers.base import Regularizer
+from sac_spectral.regularizers.l2 import L2
+from sac_spectral.regularizers.l2_init import L2Init
+from sac_spectral.regularizers.parseval import Parseval
+from sac_spectral.regularizers.redo import ReDo
 from sac_spectral.regularizers.registry import REGISTRY, build_regularizers, register, validate_specs
+from sac_spectral.regularizers.reset import Reset
+from sac_spectral.regularizers.shrink_perturb import ShrinkPerturb
 from sac_spectral.regularizers.spectral import Spectral
+from sac_spectral.regularizers.spectral_norm import SpectralNorm
+from sac_spectral.regularizers.wasserstein_init import WassersteinInit
 
-__all__ = ["REGISTRY", "Regularizer", "Spectral", "build_regularizers", "register", "validate_specs"]
+__all__ = [
+    "L2", "L2Init", "Parseval", "REGISTRY", "ReDo", "Regularizer", "Reset", "ShrinkPerturb", "Spectral",
+    "SpectralNorm", "WassersteinInit", "build_regularizers", "register", "validate_specs",
+]

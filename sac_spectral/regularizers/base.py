@@ -4,14 +4,27 @@ A regularizer is built on one network (``module``). The training loop adds ``pen
 network's loss before ``backward`` and calls ``after_step(step)`` after the optimizer step.
 ``metrics()`` is read only at logging time; values are tensors of shape ``[M]`` (one per member
 of a member-batched network) or ``[]`` (one number for the whole network).
+
+Interventions that need more than the parameters get it from their owner:
+- ``attach(optimizer)``: the network's optimizer, whose moments they reset;
+- ``set_probe(fn)``: ``fn()`` returns a batch of the network's inputs (the RL agent passes the
+  current replay batch, a supervised loop its data) for activation statistics;
+- ``seed_members(seeds)``: one random stream per member for their draws (perturbation noise,
+  re-initializations). The streams' states are part of ``state_dict``, so a resumed run draws
+  exactly what the uninterrupted one would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from sac_spectral.seeding import derive_seed
+
+_RNG_KEY = "rng"
 
 
 class Regularizer:
@@ -25,11 +38,26 @@ class Regularizer:
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.optimizer: torch.optim.Optimizer | None = None
+        self.probe: Callable[[], Tensor] | None = None
         self.state: dict[str, Tensor] = {}
+        self.generators: list[torch.Generator] = []
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Give interventions access to the network's optimizer (to reset its moments)."""
         self.optimizer = optimizer
+
+    def set_probe(self, fn: Callable[[], Tensor]) -> None:
+        """``fn()`` returns a batch of the network's inputs, read when an intervention needs
+        activation statistics."""
+        self.probe = fn
+
+    def seed_members(self, seeds: Sequence[int]) -> None:
+        """One CPU random stream per member, member ``m`` seeded with ``seeds[m]``."""
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+    def seed_default(self, seed: int, members: int) -> None:
+        """Per-member streams derived from one ``seed`` (standalone use; the RL agent reseeds)."""
+        self.seed_members([derive_seed(seed, f"{self.name}/member{m}") for m in range(members)])
 
     def penalty(self) -> Tensor:
         """Scalar added to the network's loss."""
@@ -43,10 +71,17 @@ class Regularizer:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Persistent state (copied) for checkpoints."""
-        return {k: v.detach().clone() for k, v in self.state.items()}
+        """Persistent state (copied) for checkpoints, with the members' random streams."""
+        out = {k: v.detach().clone() for k, v in self.state.items()}
+        if self.generators:
+            out[_RNG_KEY] = torch.stack([g.get_state() for g in self.generators])
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        rng = state.pop(_RNG_KEY, None)
+        if (rng is None) != (not self.generators):
+            raise KeyError(f"{self.name}: random-stream state {'missing from' if rng is None else 'unexpected in'} the checkpoint")
         missing = set(self.state) ^ set(state)
         if missing:
             raise KeyError(f"{self.name}: state keys differ from the checkpoint's: {sorted(missing)}")
@@ -57,9 +92,44 @@ class Regularizer:
                     f"{tuple(self.state[key].shape)} here"
                 )
             self.state[key].copy_(value)
+        if rng is not None:
+            if len(rng) != len(self.generators):
+                raise ValueError(f"{self.name}: checkpoint has {len(rng)} random streams, this network {len(self.generators)}")
+            for g, s in zip(self.generators, rng):
+                g.set_state(s.clone())  # a row view of the stacked states is not accepted as is
+
+    def _require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError(f"{self.name}: call attach(optimizer) first, so the optimizer state of changed parameters is reset")
+        return self.optimizer
 
 
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` for a bad hyperparameter unless ``condition`` holds."""
     if not condition:
         raise ValueError(message)
+
+
+class _Pull(torch.autograd.Function):
+    """``coef·Σ_i ‖x_i − t_i‖²`` with the analytic gradient ``2·coef·(x_i − t_i)`` (targets fixed)."""
+
+    @staticmethod
+    def forward(ctx: Any, coef: float, targets: list[Tensor | None], *xs: Tensor) -> Tensor:
+        diffs = [x if t is None else x - t for x, t in zip(xs, targets)]
+        total = torch.stack(torch._foreach_norm(diffs)).square().sum()
+        ctx.save_for_backward(*torch._foreach_mul(diffs, 2.0 * coef))
+        return coef * total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        return (None, None, *(grad_out * g for g in ctx.saved_tensors))
+
+
+def pull(xs: Sequence[Tensor], targets: Sequence[Tensor | None], coef: float) -> Tensor:
+    """``coef·Σ_i ‖x_i − t_i‖²`` (``None`` target: 0), one autograd node for all tensors."""
+    return _Pull.apply(coef, list(targets), *xs)
+
+
+def per_member_sq(xs: Sequence[Tensor], targets: Sequence[Tensor | None]) -> Tensor:
+    """``Σ_i ‖x_i[m] − t_i[m]‖²`` per member ``m`` for tensors with the member axis first: ``[M]``."""
+    return sum((x if t is None else x - t).square().flatten(1).sum(1) for x, t in zip(xs, targets))

@@ -1,0 +1,102 @@
+"""Cost of each regularizer on a SAC update: time with the method (on actor and critic) / without.
+
+    python benchmarks/regularizer_overhead.py [--threads 1] [--batch 256] [--hidden 256] [--repeats 7]
+
+Every method runs on a copy of the plain agent (cheetah-run dimensions, 2×256 MLPs, fp32, two
+critics); the ratio is the median over interleaved repeats of ``SAC.train_steps`` time per update
+with the method over the plain agent's, measured in one process so both sides see the same load.
+Interventions that act every ``every`` updates (``redo``, ``reset``, ``shrink_perturb``) also get
+the cost of one firing on both networks in units of a plain update; their amortized ratio at
+interval N is ``ratio + firing/N``. Target: ``spectral`` (max mode) ≤ 1.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agents import SAC, SACConfig  # noqa: E402
+from benchmarks.update_speed import build, time_updates  # noqa: E402
+
+#: name → (regularizer entry, optimizer options); interventions fire only when timed separately
+METHODS: dict[str, tuple[dict | None, dict]] = {
+    "spectral (max)": ({"name": "spectral", "coef": 1e-4}, {}),
+    "spectral (all)": ({"name": "spectral", "coef": 1e-4, "mode": "all"}, {}),
+    "l2": ({"name": "l2", "coef": 1e-4}, {}),
+    "l2_init": ({"name": "l2_init", "coef": 1e-4}, {}),
+    "wasserstein_init": ({"name": "wasserstein_init", "coef": 1e-4}, {}),
+    "parseval": ({"name": "parseval", "coef": 1e-3}, {}),
+    "spectral_norm": ({"name": "spectral_norm"}, {}),
+    "shrink_perturb (every 1)": ({"name": "shrink_perturb", "every": 1}, {}),
+    "redo": ({"name": "redo", "every": 10**9}, {}),
+    "reset": ({"name": "reset", "every": 10**9}, {}),
+    "weight_decay (AdamW)": (None, {"weight_decay": 1e-4}),
+}
+FIRING = {"redo": 1000, "reset": 1000}
+
+
+def config(hidden: int, entry: dict | None, opt: dict) -> SACConfig:
+    cfg = SACConfig()
+    for net in (cfg.actor, cfg.critic):
+        net.hidden = [hidden, hidden]
+        net.regularizers = [entry] if entry else []
+        for key, value in opt.items():
+            setattr(net, key, value)
+    return cfg
+
+
+def firing_time(agent: SAC, repeats: int) -> float:
+    """Median seconds of one forced firing of every intervention of actor and critic."""
+    regs = agent.actor_regs + agent.critic_regs
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for reg in regs:
+            reg.after_step(reg.every)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--updates", type=int, default=48, help="updates per timing")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--only", nargs="*", default=None, help="subset of methods (names as printed)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+
+    plain, buf = build(config(args.hidden, None, {}))
+    time_updates(plain, buf, args.batch, 8)
+    print(f"threads={args.threads} batch={args.batch} hidden=2x{args.hidden} fp32; method on actor and critic; "
+          f"medians of {args.repeats} interleaved repeats of {args.updates} updates")
+    print(f"{'method':28s} {'with/without':>12s}  {'one firing (plain updates)':>26s}")
+    for label, (entry, opt) in METHODS.items():
+        if args.only and label not in args.only:
+            continue
+        agent, _ = build(config(args.hidden, entry, opt))
+        time_updates(agent, buf, args.batch, 8)
+        base, with_ = [], []
+        for _ in range(args.repeats):
+            base.append(time_updates(plain, buf, args.batch, args.updates))
+            with_.append(time_updates(agent, buf, args.batch, args.updates))
+        ratio = statistics.median(w / b for w, b in zip(with_, base))
+        note = ""
+        if entry and entry["name"] in FIRING:
+            every = FIRING[entry["name"]]
+            fire = firing_time(agent, args.repeats) / statistics.median(base)
+            note = f"{fire:10.1f}   (amortized at every={every}: {ratio + fire / every:.3f})"
+        print(f"{label:28s} {ratio:12.3f}  {note}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
