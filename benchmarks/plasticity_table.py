@@ -111,7 +111,11 @@ def main() -> int:
             data = {**base, "seed": seed, "regularizers": regs, "run_dir": str(out / f"{method}__s{seed}"),
                     "progress": False, "threads": 1}
             t0 = time.perf_counter()
-            summary = run_one(data, args.overrides)
+            try:
+                summary = run_one(data, args.overrides)
+            except ConfigError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 2
             times.append(time.perf_counter() - t0)
             firsts.append(summary[f"first{n}_train_acc"])
             lasts.append(summary[f"last{n}_train_acc"])
@@ -122,7 +126,7 @@ def main() -> int:
     print(f"\n{cfg.dataset.name} {cfg.stream.kind}: {cfg.stream.num_tasks} tasks × {cfg.stream.iters_per_task} "
           f"iterations, {cfg.model.name} {cfg.model.depth}×{cfg.model.width}, {cfg.optimizer.name} lr {cfg.optimizer.lr}, "
           f"batch {cfg.batch_size}; seeds {args.seeds}")
-    print(f"mean end-of-task train accuracy (mean ± std over seeds)\n")
+    print("mean end-of-task train accuracy (mean ± std over seeds)\n")
     print(f"| method | regularizer | first {n} tasks | last {n} tasks | last/first | last {n} per seed |")
     print("|---|---|---|---|---|---|")
     for r in rows:
