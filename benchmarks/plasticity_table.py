@@ -50,7 +50,9 @@ def parse_specs(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def method_entries(methods: list[str], base: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def method_entries(
+    methods: list[str], base: list[dict[str, Any]], specs: dict[str, dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
     """Regularizer list per method; stops with one line naming methods that are not registered."""
     missing = [m for m in methods if m != "none" and (specs.get(m) or {"name": m})["name"] not in REGISTRY]
     if missing:

@@ -273,7 +273,8 @@ def _tiny_imagenet(root: Path) -> Dataset:
     index = {w: i for i, w in enumerate(wnids)}
 
     def load(paths: list[Path]) -> Tensor:
-        return torch.from_numpy(np.stack([np.asarray(Image.open(p).convert("RGB")) for p in paths])).permute(0, 3, 1, 2).contiguous()
+        images = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in paths])
+        return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
 
     train_paths, train_labels = [], []
     for w in wnids:

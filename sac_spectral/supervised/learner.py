@@ -113,7 +113,10 @@ class ContinualLearner:
         self.updates += 1
         for reg in self.regularizers:
             reg.after_step(self.updates)
-        correct = (out.argmax(dim=-1) == y).sum() if self.objective == "classification" else torch.zeros((), dtype=torch.long)
+        if self.objective == "classification":
+            correct = (out.argmax(dim=-1) == y).sum()
+        else:
+            correct = torch.zeros((), dtype=torch.long, device=out.device)
         return task_loss.detach(), correct.detach()
 
     @torch.no_grad()

@@ -254,7 +254,7 @@ class Stream(Sequence[Task]):
         d = self.dim
         if self.sequence == "flip":
             q = random_orthogonal(d, _gen(self.seed, "stream/deep_linear/basis"))
-            eig = torch.logspace(math.log10(0.5), math.log10(2.0), d, dtype=torch.float64) if d > 1 else torch.ones(1, dtype=torch.float64)
+            eig = torch.logspace(math.log10(0.5), math.log10(2.0), d, dtype=torch.float64)
             phi = q @ torch.diag(eig) @ q.T
             return phi if i % 2 == 0 else -phi
         q = random_orthogonal(d, gen)
