@@ -80,9 +80,6 @@ class Dataset:
         x = (self.x_train if split == "train" else self.x_test)[rows].to(dtype)
         return (x - self.mean.to(dtype)) / self.std.to(dtype)
 
-    def labels(self, split: str) -> Tensor:
-        return self.y_train if split == "train" else self.y_test
-
 
 def _channel_stats(x: Tensor) -> tuple[Tensor, Tensor]:
     """Mean and std per channel (dim 1 of an image batch; one channel for vectors), broadcastable."""

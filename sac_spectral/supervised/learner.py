@@ -37,7 +37,7 @@ def regression_loss(out: Tensor, y: Tensor) -> Tensor:
     return 0.5 * (out - y).square().sum(dim=-1)
 
 
-LOSSES: dict[str, LossFn] = {"classification": classification_loss, "regression": regression_loss}
+LOSS_FNS: dict[str, LossFn] = {"classification": classification_loss, "regression": regression_loss}
 
 
 def make_optimizer(
@@ -87,10 +87,10 @@ class ContinualLearner:
         regularizers: Sequence[Regularizer] = (),
         diagnostics: Sequence[Diagnostic] = (weight_spectra,),
     ) -> None:
-        if objective not in LOSSES:
-            raise ValueError(f"objective must be one of {', '.join(LOSSES)}, got '{objective}'")
+        if objective not in LOSS_FNS:
+            raise ValueError(f"objective must be one of {', '.join(LOSS_FNS)}, got '{objective}'")
         self.model, self.objective, self.optimizer = model, objective, optimizer
-        self.loss_fn = LOSSES[objective]
+        self.loss_fn = LOSS_FNS[objective]
         self.regularizers = list(regularizers)
         for reg in self.regularizers:
             reg.attach(optimizer)
