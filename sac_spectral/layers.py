@@ -14,6 +14,8 @@ parameters' gradients.
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import Literal
 
@@ -103,13 +105,22 @@ SUPPORTED = "nn.Linear, nn.Conv1d/2d/3d, nn.LayerNorm/GroupNorm/BatchNorm and sa
 
 
 def checked_views(module: nn.Module, layers: str, method: str) -> list[LayerView]:
-    """:func:`layer_views` for regularizer ``method``; raises ``ValueError`` if the module owns
-    parameters in layers no view covers, has no layer at all, or mixes member counts."""
+    """:func:`layer_views` for regularizer ``method``; raises ``ValueError`` if the module has a
+    layer no view covers (e.g. ``nn.Embedding``), has no layer at all, or mixes member counts, and
+    warns about loose parameters owned by containers (e.g. a ViT's class token), which it skips."""
     if layers not in LAYER_CHOICES:
         raise ValueError(f"layers must be one of {', '.join(LAYER_CHOICES)}, got '{layers}'")
+    owners = {name or type(m).__name__: m for name, m in module.named_modules()}
     bad = unsupported_layers(module)
-    if bad:
-        raise ValueError(f"{method} cannot handle the parameters of {', '.join(bad)}; supported layers: {SUPPORTED}")
+    layers_ = [n for n in bad if not any(True for _ in owners[n].children())]
+    if layers_:
+        raise ValueError(f"{method} cannot handle the parameters of {', '.join(layers_)}; supported layers: {SUPPORTED}")
+    loose = [n for n in bad if n not in layers_]
+    if loose:
+        warnings.warn(
+            f"{method} leaves the loose parameters of {', '.join(loose)} (tokens, position embeddings, …) "
+            "alone: they belong to no layer", stacklevel=3,
+        )
     views = layer_views(module, layers)
     if not views:
         raise ValueError(f"{method}: the module has no layer to act on (supported: {SUPPORTED})")

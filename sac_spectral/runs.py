@@ -14,12 +14,14 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import yaml
+from tqdm import tqdm
 
 from sac_spectral.config import ConfigError, help_text, merge_sources, parse_override, read_yaml, to_dict
 
@@ -70,6 +72,49 @@ def check_new_run_dir(path: Path) -> None:
     """Refuse to start a fresh run in a directory that already holds files."""
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ConfigError(f"run_dir '{path}' already exists and is not empty; resume it with --resume {path} or choose another run_dir")
+
+
+def open_run_dir(cfg: Any, default_name: str) -> Path:
+    """Create a fresh run directory — ``cfg.run_dir``, or ``runs/<default_name>__<time>`` stored back
+    into ``cfg`` — refusing a non-empty one, and write the resolved ``config.yaml`` into it."""
+    if cfg.run_dir is None:
+        cfg.run_dir = str(Path("runs") / f"{default_name}__{datetime.now():%Y%m%d-%H%M%S}")
+    path = Path(cfg.run_dir)
+    check_new_run_dir(path)
+    path.mkdir(parents=True, exist_ok=True)
+    write_config(cfg, path)
+    return path
+
+
+def reopen_run_dir(cfg: Any, path: Path) -> dict[str, Any]:
+    """Load ``path``'s checkpoint, point ``cfg.run_dir`` at it and rewrite ``config.yaml`` (resumable
+    keys may have changed); returns the checkpoint."""
+    state = load_checkpoint(path / CHECKPOINT)
+    cfg.run_dir = str(path)
+    write_config(cfg, path)
+    return state
+
+
+def progress_bar(total: int, initial: int, unit: str, enabled: bool) -> tqdm:
+    """The runners' progress bar (disabled by ``progress=false``)."""
+    return tqdm(total=total, initial=initial, unit=unit, disable=not enabled, dynamic_ncols=True)
+
+
+def report_stopped(prog: str, run_dir: Path, where: str) -> None:
+    """After a signal: the checkpoint is written; print how to resume."""
+    print(f"stopped at {where}; checkpoint written. Resume with:\n  python -m {prog} --resume {run_dir}", file=sys.stderr)
+
+
+def report_nonfinite(where: str, run_dir: Path | None) -> None:
+    """A non-finite loss or parameter stops a run; the last good checkpoint stays."""
+    kept = run_dir / CHECKPOINT if run_dir else None
+    last = f"the last good checkpoint is kept at {kept}" if kept and kept.is_file() else "no checkpoint had been written yet"
+    print(f"error: non-finite loss or parameters at {where}; stopping; {last}", file=sys.stderr)
+
+
+def report_done(headline: str, run_dir: Path) -> None:
+    """The end-of-run message: what was done, where it is, and the TensorBoard command."""
+    print(f"{headline}\nrun directory: {run_dir}\nview it with:  tensorboard --logdir {run_dir}")
 
 
 def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
@@ -127,6 +172,36 @@ class GracefulStop:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class Runner(Protocol):
+    """What :func:`runner_main` drives: a fresh or resumed run, trained until done or stopped."""
+
+    def open_new(self) -> Path: ...
+
+    def open_resume(self, path: Path) -> None: ...
+
+    def position(self) -> str: ...
+
+    def train(self, stop: GracefulStop) -> int: ...
+
+
+def runner_main(
+    module: str, description: str, cls: type[T], resumable: Iterable[str],
+    build: Callable[[T], Runner], argv: Sequence[str] | None = None,
+) -> int:
+    """Parse ``argv``, resolve the config, open a fresh or resumed run and train it under
+    :class:`GracefulStop`; returns the exit code (config errors propagate as ConfigError)."""
+    args = build_parser(f"python -m {module}", description, cls).parse_args(argv)
+    cfg, resume_dir = resolve_config(cls, args, resumable)
+    with GracefulStop() as stop:
+        runner = build(cfg)
+        if resume_dir is None:
+            runner.open_new()
+        else:
+            runner.open_resume(resume_dir)
+            print(f"resuming {resume_dir} at {runner.position()}", file=sys.stderr)
+        return runner.train(stop)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:

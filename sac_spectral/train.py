@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +31,15 @@ from sac_spectral.runs import (
     CHECKPOINT,
     SUMMARY,
     GracefulStop,
-    build_parser,
-    check_new_run_dir,
-    load_checkpoint,
-    resolve_config,
+    open_run_dir,
+    progress_bar,
+    reopen_run_dir,
+    report_done,
+    report_nonfinite,
+    report_stopped,
     run_cli,
+    runner_main,
     save_checkpoint,
-    write_config,
     write_json,
 )
 from sac_spectral.seeding import SeedStreams, derive_seed
@@ -142,25 +143,18 @@ class Trainer:
     # ----------------------------------------------------------------------------- run directory
     def open_new(self) -> Path:
         cfg = self.cfg
-        if cfg.run_dir is None:
-            slug = cfg.env.replace(":", "-").replace("/", "-")
-            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-            cfg.run_dir = str(Path("runs") / f"{slug}__{run_tag(cfg)}__s{cfg.seed}__{stamp}")
-        path = Path(cfg.run_dir)
-        check_new_run_dir(path)
-        path.mkdir(parents=True, exist_ok=True)
-        write_config(cfg, path)
-        self.run_dir = path
-        self.logger = RunLogger(path, cfg.num_seeds)
-        return path
+        slug = cfg.env.replace(":", "-").replace("/", "-")
+        self.run_dir = open_run_dir(cfg, f"{slug}__{run_tag(cfg)}__s{cfg.seed}")
+        self.logger = RunLogger(self.run_dir, cfg.num_seeds)
+        return self.run_dir
 
     def open_resume(self, path: Path) -> None:
-        state = load_checkpoint(path / CHECKPOINT)
-        self.load_state_dict(state)
-        self.cfg.run_dir = str(path)
-        write_config(self.cfg, path)
+        self.load_state_dict(reopen_run_dir(self.cfg, path))
         self.run_dir = path
         self.logger = RunLogger(path, self.cfg.num_seeds, purge_step=self.step + 1)
+
+    def position(self) -> str:
+        return f"step {self.step}"
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -282,7 +276,7 @@ class Trainer:
             logger.per_seed("eval/random_policy_return", self.random_return, 0)
         start = time.perf_counter() - self.wall_time
         interval = {"time": time.perf_counter(), "step": self.step, "updates": self.updates_done}
-        bar = tqdm(total=cfg.total_steps, initial=self.step, unit="step", disable=not cfg.progress, dynamic_ncols=True)
+        bar = progress_bar(cfg.total_steps, self.step, "step", cfg.progress)
         postfix = {"eval": f"{float(np.mean(self.evals[-1]['returns'])):.1f}"} if self.evals else {}
         while self.step < cfg.total_steps:
             obs, actions = self.pool.obs, self._act()
@@ -328,8 +322,7 @@ class Trainer:
                     return self._nonfinite(bar)
                 self.checkpoint()
                 logger.close()
-                print(f"stopped at step {self.step}; checkpoint written. Resume with:\n"
-                      f"  python -m sac_spectral.train --resume {self.run_dir}", file=sys.stderr)
+                report_stopped("sac_spectral.train", self.run_dir, f"step {self.step}")
                 return 128 + stop.requested
         bar.close()
         self._finish()
@@ -337,9 +330,7 @@ class Trainer:
 
     def _nonfinite(self, bar: tqdm) -> int:
         bar.close()
-        where = self.run_dir / CHECKPOINT if self.run_dir else "none"
-        print(f"error: non-finite loss or parameters at step {self.step}; stopping. "
-              f"The last good checkpoint is kept at {where}", file=sys.stderr)
+        report_nonfinite(f"step {self.step}", self.run_dir)
         if self.logger:
             self.logger.close()
         return 1
@@ -372,27 +363,16 @@ class Trainer:
         hp = {k: v for k, v in flatten(to_dict(self.cfg)).items() if k != "run_dir"}
         self.logger.hparams(hp, {k: summary[k] for k in ("final_eval_return", "best_eval_return", "updates_per_s")})
         self.logger.close()
-        print(
+        report_done(
             f"done: {summary['steps']} steps, {summary['updates']} updates in {summary['wall_time_s']:.0f} s; "
             f"final eval return {summary['final_eval_return']:.1f} "
-            f"(random policy {summary['random_policy_return']:.1f})\n"
-            f"run directory: {self.run_dir}\n"
-            f"view it with:  tensorboard --logdir {self.run_dir}"
+            f"(random policy {summary['random_policy_return']:.1f})",
+            self.run_dir,
         )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser("python -m sac_spectral.train", __doc__.split("\n\n")[1], TrainConfig)
-    args = parser.parse_args(argv)
-    cfg, resume_dir = resolve_config(TrainConfig, args, RESUMABLE_KEYS)
-    with GracefulStop() as stop:
-        trainer = Trainer(cfg)
-        if resume_dir is None:
-            trainer.open_new()
-        else:
-            trainer.open_resume(resume_dir)
-            print(f"resuming {resume_dir} at step {trainer.step}", file=sys.stderr)
-        return trainer.train(stop)
+    return runner_main("sac_spectral.train", __doc__.split("\n\n")[1], TrainConfig, RESUMABLE_KEYS, Trainer, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,183 @@
+"""The continual learner: one model, its optimizer and regularizers, trained without task labels.
+
+Each update adds every regularizer's ``penalty()`` to the mean task loss, steps the optimizer and
+calls ``after_step(update)``. Losses: cross-entropy for classification, ``½‖f(x) − y‖²`` (summed
+over outputs, averaged over the batch) for regression.
+
+Diagnostics plug in as functions of a :class:`Probe` — the model, a fixed batch of the current
+task and the per-example loss function — returning ``{tag: value}``. The runner calls
+:meth:`ContinualLearner.diagnose` at the end of every task and every ``diagnostics_every``
+iterations; :func:`weight_spectra` (σ_max of every layer) is the light one,
+:func:`plasticity_diagnostics` adds gradient rank, feature rank and dormant units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sac_spectral.diagnostics import layer_sigma_max
+from sac_spectral.diagnostics.report import model_diagnostics
+from sac_spectral.regularizers import Regularizer
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def classification_loss(out: Tensor, y: Tensor) -> Tensor:
+    """Per-example cross-entropy ``[B]``."""
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def regression_loss(out: Tensor, y: Tensor) -> Tensor:
+    """Per-example ``½‖out − y‖²`` ``[B]``."""
+    return 0.5 * (out - y).square().sum(dim=-1)
+
+
+LOSS_FNS: dict[str, LossFn] = {"classification": classification_loss, "regression": regression_loss}
+
+
+def make_optimizer(
+    name: str, params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0,
+    momentum: float = 0.0, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
+) -> torch.optim.Optimizer:
+    """``adam`` (L2 weight decay in the gradient), ``adamw`` (decoupled) or ``sgd``."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer '{name}'; valid: {', '.join(OPTIMIZERS)}")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a diagnostic sees. ``loss_fn(model(x), y)`` gives per-example losses ``[B]`` (so
+    per-example gradients can be formed, e.g. with ``torch.func``)."""
+
+    model: nn.Module
+    x: Tensor
+    y: Tensor
+    loss_fn: LossFn
+    task: int
+    iteration: int
+    task_end: bool
+
+
+Diagnostic = Callable[[Probe], Mapping[str, Tensor | float]]
+
+
+def weight_spectra(probe: Probe) -> dict[str, Tensor]:
+    """Exact σ_max of every linear and conv layer, as ``spectral/model/layer<i>/sigma_max``."""
+    return {f"spectral/model/layer{i}/sigma_max": s[0] for i, s in enumerate(layer_sigma_max(probe.model))}
+
+
+def plasticity_diagnostics(tau: float) -> Diagnostic:
+    """Per-example gradient rank and condition number, weight spectra, feature rank and dormant
+    fraction (ReDo score ≤ ``tau``, and = 0) of the model on the probe batch."""
+
+    def diagnostic(probe: Probe) -> dict[str, Tensor]:
+        report = model_diagnostics(probe.model, probe.loss_fn, probe.x, probe.y, "model", tau)
+        return {tag: value.reshape(-1)[0] for tag, value in report.scalars.items()}
+
+    return diagnostic
+
+
+class ContinualLearner:
+    """Model + optimizer + regularizers; no notion of task boundaries."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        objective: str,
+        optimizer: torch.optim.Optimizer,
+        regularizers: Sequence[Regularizer] = (),
+        diagnostics: Sequence[Diagnostic] = (weight_spectra,),
+    ) -> None:
+        if objective not in LOSS_FNS:
+            raise ValueError(f"objective must be one of {', '.join(LOSS_FNS)}, got '{objective}'")
+        self.model, self.objective, self.optimizer = model, objective, optimizer
+        self.loss_fn = LOSS_FNS[objective]
+        self.regularizers = list(regularizers)
+        for reg in self.regularizers:
+            reg.attach(optimizer)
+        self.diagnostics = list(diagnostics)
+        self.updates = 0
+
+    def train_step(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """One update on ``(x, y)``; returns the detached mean task loss and the number of
+        correctly classified examples (0 for regression), without a host sync."""
+        self.model.train()
+        out = self.model(x)
+        task_loss = self.loss_fn(out, y).mean()
+        loss = task_loss
+        for reg in self.regularizers:
+            if reg.has_penalty:
+                loss = loss + reg.penalty()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.updates += 1
+        for reg in self.regularizers:
+            reg.after_step(self.updates)
+        if self.objective == "classification":
+            correct = (out.argmax(dim=-1) == y).sum()
+        else:
+            correct = torch.zeros((), dtype=torch.long, device=out.device)
+        return task_loss.detach(), correct.detach()
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable[tuple[Tensor, Tensor]]) -> dict[str, float] | None:
+        """Mean loss and (for classification) accuracy over ``batches``; ``None`` if there are none."""
+        self.model.eval()
+        total, correct, count = 0.0, 0, 0
+        for x, y in batches:
+            out = self.model(x)
+            total += float(self.loss_fn(out, y).sum())
+            if self.objective == "classification":
+                correct += int((out.argmax(dim=-1) == y).sum())
+            count += len(y)
+        if count == 0:
+            return None
+        result = {"loss": total / count}
+        if self.objective == "classification":
+            result["acc"] = correct / count
+        return result
+
+    def diagnose(self, x: Tensor, y: Tensor, task: int, iteration: int, task_end: bool) -> dict[str, float]:
+        """Run every diagnostic on the probe batch ``(x, y)``; ``{tag: value}`` for logging."""
+        self.model.eval()
+        probe = Probe(self.model, x, y, self.loss_fn, task, iteration, task_end)
+        out: dict[str, float] = {}
+        for diagnostic in self.diagnostics:
+            out.update({k: float(v.detach()) if isinstance(v, Tensor) else float(v) for k, v in diagnostic(probe).items()})
+        return out
+
+    def metrics(self) -> dict[str, Tensor]:
+        """Regularizer metrics as ``reg/model/<name>/<key>`` (one value: the model has one member)."""
+        out = {}
+        for reg in self.regularizers:
+            for key, value in reg.metrics().items():
+                out[f"reg/model/{reg.name}/{key}"] = value.detach().float().mean()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "regularizers": [r.state_dict() for r in self.regularizers],
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for reg, s in zip(self.regularizers, state["regularizers"], strict=True):
+            reg.load_state_dict(s)
+        self.updates = int(state["updates"])
