@@ -39,6 +39,23 @@ ACTIVATIONS: dict[str, tuple[Callable[[Tensor], Tensor], int]] = {
 }
 
 
+class Activation(nn.Module):
+    """An activation of :data:`ACTIVATIONS` as a module, by name (``crelu`` doubles the width)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        if name not in ACTIVATIONS:
+            raise ValueError(f"unknown activation '{name}'; valid: {', '.join(ACTIVATIONS)}")
+        self.name = name
+        self.fn, self.width_mult = ACTIVATIONS[name]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
 class BatchedLinear(nn.Module):
     """``y[m] = x[m] @ weight[m] + bias[m]`` for ``M`` independent members.
 

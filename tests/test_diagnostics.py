@@ -28,6 +28,7 @@ from sac_spectral.diagnostics.metrics import singular_values_from_gram
 from sac_spectral.diagnostics.rl import DiagnosticsConfig, actor_loss, critic_td_loss, probe_batch, sac_diagnostics
 from sac_spectral.nets import BatchedMLP
 from sac_spectral.seeding import SeedStreams
+from sac_spectral.supervised.models import build_model
 
 
 def matrix_with_spectrum(sigma: torch.Tensor, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
@@ -390,3 +391,14 @@ def test_training_with_diagnostics_is_identical_logs_the_tags_and_can_be_diagnos
     assert len(values["grad_rank/critic/erank"]) == 2 and 1 <= values["grad_rank/critic/erank"][0] <= 32
     assert run_cli(diagnose_main, [str(tmp_path / "missing")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, shape", [("mlp", (1, 8, 8)), ("cnn", (1, 8, 8))])
+def test_supervised_models_expose_their_hidden_features(name, shape):
+    model = build_model(name, shape, 10)
+    x = torch.randn(32, *shape, generator=torch.Generator().manual_seed(0))
+    feats = hidden_activations(model, x)
+    assert len(feats) >= 2 and all(f.shape[0] == 32 for f in feats)
+    report = model_diagnostics(model, lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none"),
+                               x, torch.randint(10, (32,)), "model", 0.1)
+    assert {"features/model/erank", "dormant/model/fraction", "grad_rank/model/erank"} <= set(report.scalars)

@@ -19,10 +19,10 @@ import torch
 from torch import Tensor, nn
 
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL, spectrum_summary
-from sac_spectral.nets import BatchedMLP
+from sac_spectral.nets import Activation, BatchedMLP
 
 ACTIVATION_MODULES = (
-    nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Mish, nn.ReLU6,
+    Activation, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Mish, nn.ReLU6,
 )
 
 

@@ -26,28 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.nets import ACTIVATIONS
+from sac_spectral.nets import ACTIVATIONS, Activation
 
 MODELS = ("mlp", "cnn", "resnet18", "vit", "deep_linear")
 NORMS = ("none", "layer", "batch")
 IMAGE_MODELS = ("cnn", "resnet18", "vit")
-
-
-class Activation(nn.Module):
-    """An activation of :data:`sac_spectral.nets.ACTIVATIONS` by name (``crelu`` doubles the width)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        if name not in ACTIVATIONS:
-            raise ValueError(f"unknown activation '{name}'; valid: {', '.join(ACTIVATIONS)}")
-        self.name = name
-        self.fn, self.width_mult = ACTIVATIONS[name]
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fn(x)
-
-    def extra_repr(self) -> str:
-        return self.name
 
 
 def _norm1d(norm: str, features: int) -> list[nn.Module]:
