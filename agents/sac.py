@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 

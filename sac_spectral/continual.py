@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from sac_spectral.config import ConfigError, check, option, section, to_dict
 from sac_spectral.logging import RunLogger, flatten, tensor_is_finite
@@ -31,9 +30,9 @@ from sac_spectral.runs import (
     open_run_dir,
     progress_bar,
     reopen_run_dir,
+    end_nonfinite,
+    end_stopped,
     report_done,
-    report_nonfinite,
-    report_stopped,
     run_cli,
     runner_main,
     save_checkpoint,
@@ -348,7 +347,7 @@ class ContinualRunner:
                 now = time.perf_counter()
                 mean_loss = float(loss_sum) / interval_iters
                 if not np.isfinite(mean_loss):
-                    return self._nonfinite(bar)
+                    return end_nonfinite(self, bar)
                 logger.scalar("step/batch_loss", mean_loss, self.iteration)
                 if task.objective == "classification":
                     logger.scalar("step/batch_acc", float(correct_sum) / (interval_iters * cfg.batch_size), self.iteration)
@@ -363,7 +362,7 @@ class ContinualRunner:
             if task_end:
                 row = self._end_task(task)
                 if not np.isfinite(row["loss"]) or not self.finite():
-                    return self._nonfinite(bar)
+                    return end_nonfinite(self, bar)
                 postfix["task"] = f"{task.index + 1}/{len(self.stream)}"
                 if row["train_acc"] is not None:
                     postfix["train_acc"] = f"{row['train_acc']:.3f}"
@@ -372,27 +371,14 @@ class ContinualRunner:
                 bar.set_postfix(postfix, refresh=False)
             bar.update(1)
             self.wall_time = time.perf_counter() - start
+            if stop.requested is not None:
+                return end_stopped(self, bar, "sac_spectral.continual", stop.requested)
             done_tasks = self.iteration // per_task
             if task_end and (self.iteration == total or (cfg.checkpoint_every and done_tasks % cfg.checkpoint_every == 0)):
                 self.checkpoint()
-            if stop.requested is not None:
-                bar.close()
-                if not self.finite():
-                    return self._nonfinite(bar)
-                self.checkpoint()
-                logger.close()
-                report_stopped("sac_spectral.continual", self.run_dir, self.position())
-                return 128 + stop.requested
         bar.close()
         self._finish()
         return 0
-
-    def _nonfinite(self, bar: tqdm) -> int:
-        bar.close()
-        report_nonfinite(f"iteration {self.iteration}", self.run_dir)
-        if self.logger:
-            self.logger.close()
-        return 1
 
     def summary(self) -> dict[str, Any]:
         rows = self.results

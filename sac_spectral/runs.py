@@ -24,6 +24,7 @@ import yaml
 from tqdm import tqdm
 
 from sac_spectral.config import ConfigError, help_text, merge_sources, parse_override, read_yaml, to_dict
+from sac_spectral.logging import RunLogger
 
 T = TypeVar("T")
 CONFIG_FILE = "config.yaml"
@@ -177,13 +178,41 @@ class GracefulStop:
 class Runner(Protocol):
     """What :func:`runner_main` drives: a fresh or resumed run, trained until done or stopped."""
 
+    run_dir: Path | None
+    logger: RunLogger | None
+
     def open_new(self) -> Path: ...
 
     def open_resume(self, path: Path) -> None: ...
 
     def position(self) -> str: ...
 
+    def finite(self) -> bool: ...
+
+    def checkpoint(self) -> None: ...
+
     def train(self, stop: GracefulStop) -> int: ...
+
+
+def end_nonfinite(runner: Runner, bar: tqdm) -> int:
+    """Stop a run whose loss or parameters went non-finite; the last good checkpoint stays. Exit code 1."""
+    bar.close()
+    report_nonfinite(runner.position(), runner.run_dir)
+    if runner.logger is not None:
+        runner.logger.close()
+    return 1
+
+
+def end_stopped(runner: Runner, bar: tqdm, prog: str, signum: int) -> int:
+    """After SIGINT/SIGTERM: write a checkpoint, say how to resume; exit code 128 + the signal."""
+    if not runner.finite():
+        return end_nonfinite(runner, bar)
+    bar.close()
+    runner.checkpoint()
+    assert runner.logger is not None and runner.run_dir is not None
+    runner.logger.close()
+    report_stopped(prog, runner.run_dir, runner.position())
+    return 128 + signum
 
 
 def runner_main(

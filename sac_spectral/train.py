@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from agents import SAC, ActorConfig, CriticConfig, ReplayBuffer, SACConfig
 from envs import EnvPool, UnknownEnvError, make_env
@@ -34,9 +33,9 @@ from sac_spectral.runs import (
     open_run_dir,
     progress_bar,
     reopen_run_dir,
+    end_nonfinite,
+    end_stopped,
     report_done,
-    report_nonfinite,
-    report_stopped,
     run_cli,
     runner_main,
     save_checkpoint,
@@ -188,9 +187,7 @@ class Trainer:
         save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
 
     def finite(self) -> bool:
-        return tensor_is_finite({k: v for k, v in self.agent.state_dict().items()}) and tensor_is_finite(
-            self.agent.metrics()
-        )
+        return tensor_is_finite(self.agent.state_dict()) and tensor_is_finite(self.agent.metrics())
 
     # ----------------------------------------------------------------------------- evaluation
     def evaluate(self, policy: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -238,7 +235,8 @@ class Trainer:
             return 0
         return math.floor(learned * self.cfg.replay_ratio + 1e-9) - self.updates_done
 
-    def _log_training(self, interval: dict[str, float]) -> dict[str, float]:
+    def _log_training(self, interval: dict[str, float]) -> tuple[dict[str, float], bool]:
+        """Log rates, agent metrics and σ_max; returns the rates and whether the metrics are finite."""
         assert self.logger is not None
         now = time.perf_counter()
         dt = max(now - interval["time"], 1e-9)
@@ -248,13 +246,14 @@ class Trainer:
         }
         for tag, value in rates.items():
             self.logger.scalar(tag, value, self.step)
+        metrics = self.agent.metrics()
         if self.updates_done > 0:
-            self.logger.scalars(self.agent.metrics(), self.step)
+            self.logger.scalars(metrics, self.step)
         for net, module in self.agent.nets().items():
             for i, sigma in enumerate(layer_sigma_max(module)):
                 self.logger.per_seed(f"spectral/{net}/layer{i}/sigma_max", self.agent.per_seed(net, sigma), self.step)
         interval.update(time=now, step=self.step, updates=self.updates_done)
-        return rates
+        return rates, tensor_is_finite(metrics)
 
     def _diagnose(self) -> None:
         """Log gradient rank, spectra, features and dormant units on a probe batch of its own."""
@@ -281,7 +280,7 @@ class Trainer:
         while self.step < cfg.total_steps:
             obs, actions = self.pool.obs, self._act()
             if not np.isfinite(actions).all():
-                return self._nonfinite(bar)
+                return end_nonfinite(self, bar)
             tr = self.pool.step(actions)
             self.buffer.add(*(
                 torch.as_tensor(x, dtype=torch.float32, device=self.device)
@@ -303,37 +302,24 @@ class Trainer:
             if cfg.resets.every and self.step % cfg.resets.every == 0 and self.step < cfg.total_steps:
                 self.agent.reset(cfg.resets.what, cfg.resets.last_layers)
             if self.step % cfg.log_every == 0:
-                rates = self._log_training(interval)
-                if not tensor_is_finite(self.agent.metrics()):
-                    return self._nonfinite(bar)
+                rates, finite = self._log_training(interval)
+                if not finite:
+                    return end_nonfinite(self, bar)
                 postfix.update(sps=f"{rates['perf/env_steps_per_s']:.0f}", ups=f"{rates['perf/updates_per_s']:.0f}")
             if (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.total_steps:
                 postfix["eval"] = f"{self._eval_and_log():.1f}"
             bar.set_postfix(postfix, refresh=False)
             bar.update(1)
             self.wall_time = time.perf_counter() - start
+            if stop.requested is not None:
+                return end_stopped(self, bar, "sac_spectral.train", stop.requested)
             if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.total_steps:
                 if not self.finite():
-                    return self._nonfinite(bar)
+                    return end_nonfinite(self, bar)
                 self.checkpoint()
-            if stop.requested is not None:
-                bar.close()
-                if not self.finite():
-                    return self._nonfinite(bar)
-                self.checkpoint()
-                logger.close()
-                report_stopped("sac_spectral.train", self.run_dir, f"step {self.step}")
-                return 128 + stop.requested
         bar.close()
         self._finish()
         return 0
-
-    def _nonfinite(self, bar: tqdm) -> int:
-        bar.close()
-        report_nonfinite(f"step {self.step}", self.run_dir)
-        if self.logger:
-            self.logger.close()
-        return 1
 
     def summary(self) -> dict[str, Any]:
         finals = self.evals[-1]["returns"] if self.evals else [float("nan")] * len(self.seeds)

@@ -1,6 +1,5 @@
 import math
 
-import pytest
 import torch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
