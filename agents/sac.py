@@ -1,10 +1,16 @@
 """Soft Actor-Critic (Haarnoja et al. 2018) in the jaxrl / primacy-bias form, member-batched.
 
-- Actor: tanh-Gaussian, ``a = tanh(μ + σ·ε)``, log σ squashed into ``[log_std_min, log_std_max]``
-  by ``lo + (hi − lo)·(tanh(x) + 1)/2``; log-prob with the exact tanh correction
-  ``log(1 − tanh(u)²) = 2(log 2 − u − softplus(−2u))``.
-- Critics: ``num_critics`` Q-networks as members of one :class:`BatchedMLP`; target critics by
-  Polyak averaging (``τ``) after every critic step.
+- Actor: an MLP trunk with separate mean and log-std heads (rl_with_resets' ``NormalTanhPolicy``);
+  tanh-Gaussian ``a = tanh(μ + σ·ε)``, log σ squashed into ``[log_std_min, log_std_max]`` by
+  ``lo + (hi − lo)·(tanh(x) + 1)/2`` as rl_with_resets does (jaxrl's older policy clips instead);
+  log-prob with the exact tanh correction ``log(1 − tanh(u)²) = 2(log 2 − u − softplus(−2u))``.
+- Critics: ``num_critics`` Q-networks as members of one :class:`BatchedMLP`; target critics start
+  as copies and follow by Polyak averaging (``τ``) after every critic step.
+- Initialization (``init: orthogonal``, rl_with_resets' ``default_init``): every linear layer of
+  critics and actor orthogonal with gain √2 and zero bias, except the log-std head (gain 1).
+- Losses are defined once, per example (as TorchRL's ``reduction="none"``):
+  :meth:`SAC.critic_losses` and :meth:`SAC.actor_losses`. The update takes their means; the
+  gradient-rank diagnostics differentiate them example by example.
 - Critic target ``y = r + γ·(1 − terminated)·(min_j Q̄_j(s′, a′) − α·log π(a′|s′))``: a time-limit
   truncation keeps bootstrapping, only a true termination stops it.
 - Order per update (jaxrl): critic step → target update → actor and temperature step (on the
@@ -26,6 +32,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -40,6 +47,7 @@ from sac_spectral.reinit import reset_layers
 from sac_spectral.seeding import SeedStreams
 
 _LOG2 = math.log(2.0)
+_GAIN = math.sqrt(2.0)  # rl_with_resets' default_init: orthogonal with gain √2
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -50,7 +58,7 @@ class NetConfig:
     hidden: list[int] = option([256, 256], "hidden layer widths")
     activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
     layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
-    init: str = option("orthogonal", "orthogonal (gain √2 hidden, 1 output; zero bias) or torch (nn.Linear default)")
+    init: str = option("orthogonal", "orthogonal (rl_with_resets: gain √2, log-std head 1; zero bias) or torch (nn.Linear default)")
     lr: float = option(3e-4, "Adam learning rate")
     weight_decay: float = option(0.0, "decoupled weight decay (AdamW); 0 = plain Adam")
     regularizers: list[dict[str, Any]] = option([], "regularizers, e.g. [{name: spectral, coef: 1e-4}]")
@@ -88,7 +96,7 @@ class AlphaConfig:
     init: float = option(1.0, "initial temperature α")
     lr: float = option(3e-4, "temperature learning rate")
     learn: bool = option(True, "learn α toward the target entropy; false keeps it fixed")
-    target_entropy_scale: float = option(1.0, "target entropy = −scale·|A| (primacy-bias configs: 0.5)")
+    target_entropy_scale: float = option(0.5, "target entropy = −scale·|A| (jaxrl / rl_with_resets: 0.5)")
 
     def validate(self) -> None:
         check(self.init > 0, "init", f"must be > 0, got {self.init}")
@@ -156,10 +164,8 @@ class SAC(nn.Module):
             actor_groups.append({"params": [self.log_alpha], "lr": cfg.alpha.lr, "weight_decay": 0.0})
         self.actor_opt = _optimizer(actor_groups, cfg.actor.weight_decay)
         self.critic_opt = _optimizer([{"params": list(self.critic.parameters()), "lr": cfg.critic.lr}], cfg.critic.weight_decay)
-        self._probe_batch: dict[str, Tensor] = {}
         self.actor_regs, self.critic_regs = self._build_regularizers()
         self.num_updates = 0
-        self._last: dict[str, Tensor] = {}
         self._members_per_seed = {"actor": 1, "critic": c}
         self._online_params = list(self.critic.parameters())
         self._target_params = list(self.target_critic.parameters())
@@ -175,8 +181,8 @@ class SAC(nn.Module):
     def _build_actor(self) -> BatchedMLP:
         a = self.cfg.actor
         return BatchedMLP(
-            self.num_seeds, self.obs_dim, a.hidden, 2 * self.act_dim, a.activation, a.layer_norm, a.init,
-            generators=self.streams["init"],
+            self.num_seeds, self.obs_dim, a.hidden, (self.act_dim, self.act_dim), a.activation, a.layer_norm, a.init,
+            out_gains=(_GAIN, 1.0), generators=self.streams["init"],
         )
 
     def _critic_generators(self) -> list[torch.Generator]:
@@ -186,26 +192,21 @@ class SAC(nn.Module):
         c = self.cfg.critic
         return BatchedMLP(
             self.num_seeds * self.num_critics, self.obs_dim + self.act_dim, c.hidden, 1, c.activation,
-            c.layer_norm, c.init, generators=self._critic_generators(),
+            c.layer_norm, c.init, out_gains=_GAIN, generators=self._critic_generators(),
         )
 
     def _build_regularizers(self) -> tuple[list[Regularizer], list[Regularizer]]:
-        """Build each network's regularizers and give them its optimizer, the current batch as
-        probe, and per-member random streams seeded from each seed's ``init`` stream (so seed i of
-        a multi-seed run draws what a single-seed run draws)."""
+        """Build each network's regularizers, give them its optimizer and per-member random streams
+        seeded from each seed's ``init`` stream (so seed i of a multi-seed run draws what a
+        single-seed run draws). Their probe, when they need one, is each update's batch."""
         actor_regs = build_regularizers(self.actor, self.cfg.actor.regularizers, "actor.regularizers")
         critic_regs = build_regularizers(self.critic, self.cfg.critic.regularizers, "critic.regularizers")
-        probes = {
-            "actor": lambda: self._probe_batch["obs"],
-            "critic": lambda: self.critic_inputs(self._probe_batch["obs"], self._probe_batch["action"]),
-        }
-        for net, regs, opt, gens in (
-            ("actor", actor_regs, self.actor_opt, self.streams["init"]),
-            ("critic", critic_regs, self.critic_opt, self._critic_generators()),
+        for regs, opt, gens in (
+            (actor_regs, self.actor_opt, self.streams["init"]),
+            (critic_regs, self.critic_opt, self._critic_generators()),
         ):
             for reg in regs:
                 reg.attach(opt)
-                reg.set_probe(probes[net])
                 if reg.generators:
                     reg.seed_members([int(torch.randint(2**62, (), generator=g)) for g in gens])
         return actor_regs, critic_regs
@@ -217,9 +218,9 @@ class SAC(nn.Module):
         return tanh_gaussian(mean, log_std, noise)
 
     def _mean_log_std(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        mean, raw = self.actor(obs).float().chunk(2, dim=-1)
+        mean, raw = self.actor(obs)
         lo, hi = self.cfg.actor.log_std_min, self.cfg.actor.log_std_max
-        return mean, lo + 0.5 * (hi - lo) * (torch.tanh(raw) + 1.0)
+        return mean.float(), lo + 0.5 * (hi - lo) * (torch.tanh(raw.float()) + 1.0)
 
     def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
         """``[N·num_critics, B, obs+act]``: each seed's ``(obs, action)`` for each of its critics."""
@@ -241,7 +242,7 @@ class SAC(nn.Module):
         noise = self.streams.randn("act", (1, self.act_dim))
         return tanh_gaussian(mean, log_std, noise)[0].squeeze(1)
 
-    # ----------------------------------------------------------------------------- updates
+    # ----------------------------------------------------------------------------- losses
     @torch.no_grad()
     def critic_target(self, batch: dict[str, Tensor], noise: Tensor) -> Tensor:
         """``[N, B]`` soft TD target ``r + γ(1 − terminated)(min_j Q̄_j(s′, a′) − α log π(a′|s′))``."""
@@ -251,39 +252,51 @@ class SAC(nn.Module):
         alpha = self.log_alpha.exp().unsqueeze(-1)
         return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
 
+    def critic_losses(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``ℓ_{n,j,i} = (Q_{n,j}(s_i, a_i) − y_{n,i})²`` ``[N, C, B]`` with the
+        target ``y`` (:meth:`critic_target`, next-state ``noise [N, B, A]``) held fixed, and the
+        Q-values ``[N, C, B]``."""
+        target = self.critic_target(batch, noise)
+        q = self.q_values(self.critic, batch["obs"], batch["action"])
+        return (q - target.unsqueeze(1)).square(), q
+
+    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example actor losses ``ℓ_{n,i} = α_n log π_n(ã_i|s_i) − min_j Q_{n,j}(s_i, ã_i)`` ``[N, B]``
+        on critics whose weights are detached (no critic weight gradients are built; α is a
+        constant here), with ``ã_i`` reparameterized by ``noise [N, B, A]``, and ``log π`` ``[N, B]``."""
+        action, logp = self.policy(obs, noise)
+        q_pi = self.q_values(self.critic, obs, action, detach=True).amin(dim=1)
+        return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
+
     def _critic_loss_eager(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-seed critic loss ``Σ_j mean_b (Q_j − y)²`` ``[N]`` and mean Q ``[N]``."""
+        """Per-seed critic loss ``Σ_j mean_i ℓ_{n,j,i}`` ``[N]`` and mean Q ``[N]``."""
         with self._autocast:
-            target = self.critic_target(batch, noise)
-            q = self.q_values(self.critic, batch["obs"], batch["action"])
-        loss = (q - target.unsqueeze(1)).square().mean(dim=-1).sum(dim=1)
-        return loss, q.detach().mean(dim=(1, 2))
+            losses, q = self.critic_losses(batch, noise)
+        return losses.mean(dim=-1).sum(dim=1), q.detach().mean(dim=(1, 2))
 
     def _actor_loss_eager(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-seed actor loss ``mean_b(α log π − min_j Q_j)`` on critics whose weights are detached,
-        temperature loss ``α(H − H̄)`` and entropy estimate ``H = −mean_b log π``, each ``[N]``."""
+        """Per-seed actor loss ``mean_i ℓ_{n,i}``, temperature loss ``α(H − H̄)`` and entropy estimate
+        ``H = −mean_i log π``, each ``[N]``."""
         with self._autocast:
-            action, logp = self.policy(obs, noise)
-            q_pi = self.q_values(self.critic, obs, action, detach=True).amin(dim=1)
-        alpha = self.log_alpha.exp()
-        actor_loss = (alpha.detach().unsqueeze(-1) * logp - q_pi).mean(dim=-1)
+            losses, logp = self.actor_losses(obs, noise)
         entropy = -logp.detach().mean(dim=-1)
-        return actor_loss, alpha * (entropy - self.target_entropy), entropy
+        return losses.mean(dim=-1), self.log_alpha.exp() * (entropy - self.target_entropy), entropy
 
-    def update(self, batch: dict[str, Tensor], noise: Tensor) -> None:
-        """One SAC update of every seed. ``batch`` tensors are ``[N, B, ...]``, ``noise`` is
-        ``[2, N, B, A]`` (next-state actions, current-state actions)."""
-        self._probe_batch = batch
+    # ----------------------------------------------------------------------------- updates
+    def update(self, batch: dict[str, Tensor], noise: Tensor) -> dict[str, Tensor]:
+        """One SAC update of every seed; returns its per-seed ``[N]`` metrics (device tensors, no
+        host sync). ``batch`` tensors are ``[N, B, ...]``, ``noise`` is ``[2, N, B, A]``
+        (next-state actions, current-state actions)."""
         critic_loss, q_mean = self._critic_loss(batch, noise[0])
-        self._step(self.critic_opt, critic_loss.sum(), self.critic_regs)
+        self._step(self.critic_opt, critic_loss.sum(), self.critic_regs, lambda: self.critic_inputs(batch["obs"], batch["action"]))
         torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
 
         actor_loss, alpha_loss, entropy = self._actor_loss(batch["obs"], noise[1])
         loss = actor_loss.sum() + alpha_loss.sum() if self.cfg.alpha.learn else actor_loss.sum()
-        self._step(self.actor_opt, loss, self.actor_regs)
+        self._step(self.actor_opt, loss, self.actor_regs, lambda: batch["obs"])
 
         self.num_updates += 1
-        self._last = {
+        return {
             "loss/critic": critic_loss.detach(),
             "loss/actor": actor_loss.detach(),
             "loss/alpha": alpha_loss.detach(),
@@ -291,7 +304,11 @@ class SAC(nn.Module):
             "entropy": entropy,
         }
 
-    def _step(self, opt: torch.optim.Optimizer, loss: Tensor, regs: list[Regularizer]) -> None:
+    def _step(
+        self, opt: torch.optim.Optimizer, loss: Tensor, regs: list[Regularizer], probe: Callable[[], Tensor]
+    ) -> None:
+        """Add the penalties, step the optimizer, then run the interventions (which may read
+        ``probe()``, the network's inputs of this update)."""
         for reg in regs:
             if reg.has_penalty:
                 loss = loss + reg.penalty()
@@ -299,16 +316,19 @@ class SAC(nn.Module):
         loss.backward()
         opt.step()
         for reg in regs:
+            reg.set_probe(probe)
             reg.after_step(self.num_updates + 1)
 
-    def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int) -> None:
+    def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int) -> dict[str, Tensor]:
         """``count`` updates on fresh uniform batches; indices and noise for all of them are drawn
-        at once from each seed's ``sample`` stream."""
+        at once from each seed's ``sample`` stream. Returns the last update's metrics."""
         idx = buffer.sample_indices(self.streams["sample"], (count, batch_size))
         data = {k: v.transpose(0, 1).contiguous() for k, v in buffer.gather(idx).items()}
         noise = self.streams.randn("sample", (count, 2, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4)
+        info: dict[str, Tensor] = {}
         for r in range(count):
-            self.update({k: v[r] for k, v in data.items()}, noise[r])
+            info = self.update({k: v[r] for k, v in data.items()}, noise[r])
+        return info
 
     # ----------------------------------------------------------------------------- resets
     @torch.no_grad()
@@ -332,9 +352,9 @@ class SAC(nn.Module):
 
     # ----------------------------------------------------------------------------- state & metrics
     def metrics(self) -> dict[str, Tensor]:
-        """Per-seed ``[N]`` values of the last update, temperature and regularizer metrics."""
-        out = dict(self._last)
-        out["alpha"] = self.log_alpha.detach().exp()
+        """Per-seed ``[N]`` temperature and regularizer metrics (the state, not the last update:
+        :meth:`update` returns those)."""
+        out = {"alpha": self.log_alpha.detach().exp()}
         for net, regs in (("actor", self.actor_regs), ("critic", self.critic_regs)):
             for reg in regs:
                 for key, value in reg.metrics().items():

@@ -23,8 +23,10 @@ from sac_spectral.nets import BatchedMLP
 
 
 def mlp_flops(net: BatchedMLP, batch: int) -> tuple[int, int]:
-    """Forward FLOPs of all layers and of the first layer (2·M·B·in·out each)."""
-    per_layer = [2 * net.members * batch * layer.in_features * layer.out_features for layer in net.layers]
+    """Forward FLOPs of all layers, heads included, and of the first layer (2·M·B·in·out each)."""
+    per_layer = [
+        2 * net.members * batch * layer.in_features * layer.out_features for layer in [*net.layers, *net.heads]
+    ]
     return sum(per_layer), per_layer[0]
 
 

@@ -53,6 +53,9 @@ from sac_spectral.supervised.streams import LOSSES, SEQUENCES, STREAMS, Stream, 
 RESUMABLE_KEYS = ("stream.num_tasks", "log_every", "diagnostics_every", "checkpoint_every", "progress", "threads")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 EVAL_BATCH = 1024
+#: continual runs default to their own root so TensorBoard's HPARAMS tab of ``runs/`` (RL runs)
+#: and of ``runs/continual/`` each show one schema
+CONTINUAL_ROOT = "runs/continual"
 SUMMARY_TASKS = 5
 
 
@@ -159,7 +162,7 @@ class ContinualConfig:
     diagnostics_every: int = option(0, "run diagnostics every N iterations as well as at every task end (0 = task ends only)")
     log_every: int = option(100, "write training loss and regularizer metrics every N iterations")
     checkpoint_every: int = option(1, "checkpoint every N tasks (0 = only at the end)")
-    run_dir: str | None = option(None, "run directory (default: runs/<dataset>-<stream>__<regularizers>__s<seed>__<time>)")
+    run_dir: str | None = option(None, "run directory (default: runs/continual/<dataset>-<stream>__<regularizers>__s<seed>__<time>)")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     dtype: str = option("float32", "parameter and input precision: float32 | float64")
     threads: int = option(0, "torch CPU threads (0 = torch's default)")
@@ -241,7 +244,7 @@ class ContinualRunner:
     def open_new(self) -> Path:
         cfg = self.cfg
         data = "linear" if cfg.stream.kind == "deep_linear" else cfg.dataset.name
-        self.run_dir = open_run_dir(cfg, f"{data}-{cfg.stream.kind}__{run_tag(cfg)}__s{cfg.seed}")
+        self.run_dir = open_run_dir(cfg, f"{data}-{cfg.stream.kind}__{run_tag(cfg)}__s{cfg.seed}", CONTINUAL_ROOT)
         self.logger = RunLogger(self.run_dir)
         return self.run_dir
 
@@ -249,6 +252,14 @@ class ContinualRunner:
         self.load_state_dict(reopen_run_dir(self.cfg, path))
         self.run_dir = path
         self.logger = RunLogger(path, purge_step=self.iteration + 1)
+
+    def describe(self) -> str:
+        """One line: what this run does."""
+        cfg = self.cfg
+        data = "deep linear" if cfg.stream.kind == "deep_linear" else cfg.dataset.name
+        return (f"{cfg.stream.kind} stream on {data}: {cfg.stream.num_tasks} tasks × {cfg.stream.iters_per_task} updates "
+                f"| {cfg.model.name} | {cfg.optimizer.name} lr {cfg.optimizer.lr:g} | regularizers: {run_tag(cfg)} "
+                f"| seed {cfg.seed} | {cfg.device}, {torch.get_num_threads()} thread(s)")
 
     def position(self) -> str:
         t = self.cfg.stream.iters_per_task

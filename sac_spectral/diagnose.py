@@ -43,7 +43,7 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
         raise ConfigError(f"the replay buffer saved in '{run_dir}' is empty; nothing to probe")
     buffer = ReplayBuffer(size, obs_dim, act_dim, cfg.num_seeds)  # just large enough for the saved transitions
     buffer.load_state_dict({**state["buffer"], "capacity": size, "ptr": 0})
-    return cfg, agent, buffer, int(state["updates_done"])
+    return cfg, agent, buffer, agent.num_updates
 
 
 def per_seed(agent: SAC, reports: dict[str, Report]) -> dict[str, list[float]]:

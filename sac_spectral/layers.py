@@ -5,9 +5,8 @@ Regularizers and diagnostics treat every layer the same way: a weight as a batch
 storage with the parameters and are differentiable, so a penalty computed on them reaches the
 parameters' gradients.
 
-- ``nn.Linear``: weight ``[out, in]`` → ``[1, out, in]``.
-- :class:`~sac_spectral.nets.BatchedLinear`: weight ``[M, in, out]`` (the transpose of nn.Linear's
-  orientation, which leaves singular values unchanged).
+- ``nn.Linear``: weight ``[out, in]`` → ``[1, out, in]`` (a plain layer is one member).
+- :class:`~sac_spectral.nets.BatchedLinear`: weight ``[M, out, in]`` as stored.
 - ``nn.Conv1d/2d/3d``: kernel ``[out, in, *k]`` reshaped to ``[1, out, in·∏k]``.
 - ``nn.LayerNorm`` / :class:`~sac_spectral.nets.BatchedLayerNorm`: ``kind="norm"``, gain and shift.
 """
@@ -22,6 +21,7 @@ from typing import Literal
 from torch import Tensor, nn
 
 from sac_spectral.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.reinit import member_count, members_view
 
 Kind = Literal["linear", "conv", "norm"]
 LAYER_CHOICES = ("all", "hidden")
@@ -50,16 +50,12 @@ class LayerView:
         w = self.weight_param
         if w is None:
             return None
-        if self.kind == "norm":
-            return w.reshape(self.members, -1)
-        if isinstance(self.module, BatchedLinear):
-            return w
-        return w.reshape(1, w.shape[0], -1)
+        return members_view(w, self.module).flatten(1 if self.kind == "norm" else 2)
 
     def bias(self) -> Tensor | None:
         """Bias (or norm shift) as ``[M, n]``."""
         b = self.bias_param
-        return None if b is None else b.reshape(self.members, -1)
+        return None if b is None else members_view(b, self.module).flatten(1)
 
     def tensors(self) -> list[Tensor]:
         """The layer's parameters with the member axis first: weight (or gain), then bias (or shift)."""
@@ -67,35 +63,32 @@ class LayerView:
 
 
 def _classify(module: nn.Module) -> tuple[Kind, int] | None:
-    if isinstance(module, BatchedLinear):
-        return "linear", module.members
-    if isinstance(module, BatchedLayerNorm):
-        return "norm", module.members
-    if isinstance(module, nn.Linear):
-        return "linear", 1
+    if isinstance(module, (nn.Linear, BatchedLinear)):
+        return "linear", member_count(module)
     if isinstance(module, nn.modules.conv._ConvNd):
         return "conv", 1
-    if isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)):
+    if isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, BatchedLayerNorm)):
         if getattr(module, "weight", None) is None and getattr(module, "bias", None) is None:
             return None
-        return "norm", 1
+        return "norm", member_count(module)
     return None
 
 
 def layer_views(module: nn.Module, layers: str = "all") -> list[LayerView]:
     """Views of every parameterized layer of ``module`` in registration order.
 
-    ``layers="hidden"`` drops the output layer (the last linear or conv layer).
+    ``layers="hidden"`` drops the output layers: those ``module.output_layers()`` lists (a
+    :class:`~sac_spectral.nets.BatchedMLP`'s heads), otherwise the last linear or conv layer.
     """
     if layers not in LAYER_CHOICES:
         raise ValueError(f"layers must be one of {', '.join(LAYER_CHOICES)}, got '{layers}'")
     found = [(name, m, c) for name, m in module.named_modules() if (c := _classify(m)) is not None]
-    weighted = [i for i, (_, _, c) in enumerate(found) if c[0] != "norm"]
-    last = weighted[-1] if weighted else -1
-    views = [
-        LayerView(name or type(m).__name__, m, c[0], c[1], i == last)
-        for i, (name, m, c) in enumerate(found)
-    ]
+    if hasattr(module, "output_layers"):
+        outputs = {id(m) for m in module.output_layers()}
+    else:
+        weighted = [m for _, m, c in found if c[0] != "norm"]
+        outputs = {id(weighted[-1])} if weighted else set()
+    views = [LayerView(name or type(m).__name__, m, c[0], c[1], id(m) in outputs) for name, m, c in found]
     if layers == "hidden":
         views = [v for v in views if not v.is_output]
     return views

@@ -1,7 +1,8 @@
 """TensorBoard logging for a run directory, with per-seed tags for multi-seed runs.
 
 With one seed a value is written under its tag (``eval/return``); with ``N`` seeds each seed's
-value goes to ``seed<i>/<tag>`` and the mean over seeds to ``<tag>``.
+value goes to ``seed<i>/<tag>`` and the mean over seeds to ``<tag>``. :class:`RunLogger` is the
+one place that names per-seed tags (scalars, episode returns and histograms).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ class RunLogger:
     def __init__(self, run_dir: Path, num_seeds: int = 1, purge_step: int | None = None) -> None:
         self.run_dir, self.num_seeds = Path(run_dir), num_seeds
         self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+        self._last_return: list[float | None] = [None] * num_seeds
+
+    def seed_tag(self, tag: str, seed: int) -> str:
+        """``tag`` for one seed's value: the tag itself in a one-seed run, else ``seed<i>/<tag>``."""
+        return tag if self.num_seeds == 1 else f"seed{seed}/{tag}"
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self.writer.add_scalar(tag, float(value), step)
@@ -36,7 +42,7 @@ class RunLogger:
             self.scalar(tag, vals[0], step)
             return
         for i, v in enumerate(vals):
-            self.scalar(f"seed{i}/{tag}", v, step)
+            self.scalar(self.seed_tag(tag, i), v, step)
         self.scalar(tag, sum(vals) / len(vals), step)
 
     def scalars(self, values: Mapping[str, Tensor | float], step: int) -> None:
@@ -45,6 +51,22 @@ class RunLogger:
 
     def histogram(self, tag: str, values: Tensor, step: int) -> None:
         self.writer.add_histogram(tag, values.detach().float().cpu(), step)
+
+    def histograms(self, tag: str, values: Tensor, step: int) -> None:
+        """One histogram per seed of ``values: [N, ...]``."""
+        for i, seed_values in enumerate(values):
+            self.histogram(self.seed_tag(tag, i), seed_values, step)
+
+    def episodes(self, finished: Sequence[tuple[int, float, int]], step: int) -> None:
+        """``train/episode_return`` of the episodes that ended at ``step`` (``(seed index, return,
+        length)``); with several seeds also their mean ``train/episode_return``: the mean of every
+        seed's latest return, written once every seed has finished an episode."""
+        for i, ret, _ in finished:
+            self.scalar(self.seed_tag("train/episode_return", i), ret, step)
+            self._last_return[i] = ret
+        latest = self._last_return
+        if finished and self.num_seeds > 1 and all(r is not None for r in latest):
+            self.scalar("train/episode_return", sum(latest) / len(latest), step)  # type: ignore[arg-type]
 
     def hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
         """Hyperparameters with final metrics (TensorBoard's HPARAMS tab)."""

@@ -2,8 +2,9 @@
 
 Every trainable network carries a leading *member* axis ``M``: the critics of an ensemble and the
 seeds of a multi-seed run are members of one network. A :class:`BatchedLinear` holds
-``weight: [M, in, out]`` and ``bias: [M, 1, out]`` and maps ``x: [M, B, in]`` to ``[M, B, out]``
-with one ``torch.baddbmm``. Members never interact, so Adam (elementwise) keeps them independent.
+``weight: [M, out, in]`` and ``bias: [M, out]`` (member ``m``'s slices are an ``nn.Linear``'s
+weight and bias) and maps ``x: [M, B, in]`` to ``[M, B, out]`` with one ``torch.baddbmm``. Members
+never interact, so Adam (elementwise) keeps them independent.
 
 Initializers draw each member from its own ``torch.Generator`` so that member ``i`` of an
 ``M``-member network equals the single-member network built from the same generator.
@@ -57,11 +58,12 @@ class Activation(nn.Module):
 
 
 class BatchedLinear(nn.Module):
-    """``y[m] = x[m] @ weight[m] + bias[m]`` for ``M`` independent members.
+    """``y[m] = x[m] @ weight[m]ᵀ + bias[m]`` for ``M`` independent members.
 
-    ``init="orthogonal"``: each member's ``[out, in]`` matrix is orthogonal with ``gain``
-    (jaxrl/rl_with_resets lineage) and biases are zero. ``init="torch"``: weight and bias uniform in
-    ``±1/sqrt(in)``, exactly as ``nn.Linear``'s default.
+    ``weight: [M, out, in]`` and ``bias: [M, out]``, so member ``m``'s ``weight[m]`` and ``bias[m]``
+    are exactly an ``nn.Linear``'s parameters. ``init="orthogonal"``: each member's matrix is
+    orthogonal with ``gain`` (jaxrl/rl_with_resets lineage) and biases are zero.
+    ``init="torch"``: weight and bias uniform in ``±1/sqrt(in)``, exactly as ``nn.Linear``'s default.
     """
 
     def __init__(
@@ -79,23 +81,22 @@ class BatchedLinear(nn.Module):
             raise ValueError(f"unknown init '{init}'; valid: {', '.join(INITS)}")
         self.members, self.in_features, self.out_features = members, in_features, out_features
         self.init, self.gain = init, gain
-        self.weight = nn.Parameter(torch.empty(members, in_features, out_features))
-        self.bias = nn.Parameter(torch.empty(members, 1, out_features)) if bias else None
+        self.weight = nn.Parameter(torch.empty(members, out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(members, out_features)) if bias else None
         self.reset_parameters(generators)
 
     def draw(self, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
-        """A fresh initializer sample ``(weight [in, out], bias [1, out] | None)`` for one member."""
+        """A fresh initializer sample ``(weight [out, in], bias [out] | None)`` for one member."""
         if self.init == "orthogonal":
             w = torch.empty(self.out_features, self.in_features)
             nn.init.orthogonal_(w, gain=self.gain, generator=generator)
-            w = w.t()
-            b = torch.zeros(1, self.out_features) if self.bias is not None else None
+            b = torch.zeros(self.out_features) if self.bias is not None else None
         else:
             bound = 1.0 / math.sqrt(self.in_features)
-            w = torch.rand(self.in_features, self.out_features, generator=generator) * (2 * bound) - bound
+            w = torch.rand(self.out_features, self.in_features, generator=generator) * (2 * bound) - bound
             b = None
             if self.bias is not None:
-                b = torch.rand(1, self.out_features, generator=generator) * (2 * bound) - bound
+                b = torch.rand(self.out_features, generator=generator) * (2 * bound) - bound
         return w, b
 
     @torch.no_grad()
@@ -113,25 +114,25 @@ class BatchedLinear(nn.Module):
             w = w.detach()
             b = b.detach() if b is not None else None
         if b is None:
-            return torch.bmm(x, w)
-        return torch.baddbmm(b, x, w)
+            return torch.bmm(x, w.transpose(1, 2))
+        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
 
     def extra_repr(self) -> str:
         return f"members={self.members}, in={self.in_features}, out={self.out_features}, init={self.init}"
 
 
 class BatchedLayerNorm(nn.Module):
-    """Layer normalization over features with a per-member gain ``[M, 1, F]`` and shift."""
+    """Layer normalization over features with a per-member gain ``[M, F]`` and shift ``[M, F]``."""
 
     def __init__(self, members: int, features: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.members, self.features, self.eps = members, features, eps
-        self.weight = nn.Parameter(torch.ones(members, 1, features))
-        self.bias = nn.Parameter(torch.zeros(members, 1, features))
+        self.weight = nn.Parameter(torch.ones(members, features))
+        self.bias = nn.Parameter(torch.zeros(members, features))
 
     def draw(self, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """The initializer's value for one member: gain 1, shift 0."""
-        return torch.ones(1, self.features), torch.zeros(1, self.features)
+        return torch.ones(self.features), torch.zeros(self.features)
 
     @torch.no_grad()
     def reset_parameters(
@@ -143,15 +144,17 @@ class BatchedLayerNorm(nn.Module):
 
     def forward(self, x: Tensor, detach: bool = False) -> Tensor:
         w, b = (self.weight.detach(), self.bias.detach()) if detach else (self.weight, self.bias)
-        return torch.addcmul(b, F.layer_norm(x, (self.features,), eps=self.eps), w)
+        return torch.addcmul(b.unsqueeze(1), F.layer_norm(x, (self.features,), eps=self.eps), w.unsqueeze(1))
 
 
 class BatchedMLP(nn.Module):
-    """``M`` independent MLPs ``Linear → [LayerNorm] → activation → … → Linear``.
+    """``M`` independent MLPs ``Linear → [LayerNorm] → activation → … → head(s)``.
 
-    ``forward`` accepts ``[M, B, in]`` (one input per member) or ``[B, in]`` (shared by all members)
-    and returns ``[M, B, out]``; with ``return_hidden=True`` also the post-activation features of
-    every hidden layer.
+    ``out_dims`` is one output width (one head; ``forward`` returns ``[M, B, out]``) or a tuple of
+    widths (one linear head per entry on the last hidden features, as the mean and log-std heads of a
+    Gaussian policy; ``forward`` returns a tuple). ``out_gains`` gives each head's orthogonal gain.
+    ``forward`` accepts ``[M, B, in]`` (one input per member) or ``[B, in]`` (shared by all members);
+    with ``return_hidden=True`` it also returns the post-activation features of every hidden layer.
     """
 
     def __init__(
@@ -159,18 +162,23 @@ class BatchedMLP(nn.Module):
         members: int,
         in_dim: int,
         hidden: Sequence[int],
-        out_dim: int,
+        out_dims: int | Sequence[int],
         activation: str = "relu",
         layer_norm: bool = False,
         init: str = "orthogonal",
         hidden_gain: float = math.sqrt(2.0),
-        out_gain: float = 1.0,
+        out_gains: float | Sequence[float] = 1.0,
         generators: Sequence[torch.Generator | None] | None = None,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation '{activation}'; valid: {', '.join(ACTIVATIONS)}")
-        self.members, self.in_dim, self.out_dim = members, in_dim, out_dim
+        self.single_head = isinstance(out_dims, int)
+        dims = [out_dims] if isinstance(out_dims, int) else list(out_dims)
+        gains = [out_gains] * len(dims) if isinstance(out_gains, (int, float)) else list(out_gains)
+        if len(gains) != len(dims):
+            raise ValueError(f"expected {len(dims)} output gains (one per head), got {len(gains)}")
+        self.members, self.in_dim, self.out_dims = members, in_dim, tuple(dims)
         self.activation = activation
         self._act, width_mult = ACTIVATIONS[activation]
         gens = per_member(generators, members)
@@ -182,15 +190,23 @@ class BatchedMLP(nn.Module):
             if self.norms is not None:
                 self.norms.append(BatchedLayerNorm(members, h))
             d = h * width_mult
-        self.layers.append(BatchedLinear(members, d, out_dim, init=init, gain=out_gain, generators=gens))
+        self.heads = nn.ModuleList(
+            BatchedLinear(members, d, o, init=init, gain=g, generators=gens) for o, g in zip(dims, gains)
+        )
+
+    def output_layers(self) -> list[nn.Module]:
+        """The heads: the layers whose outputs are the network's outputs."""
+        return list(self.heads)
 
     def tail(self, last: int | None = None) -> list[nn.Module]:
-        """The last ``last`` linear layers and their norms (every layer if ``None``)."""
-        start = 0 if last is None else max(len(self.layers) - last, 0)
-        mods: list[nn.Module] = list(self.layers[start:])
-        if self.norms is not None:
-            mods += list(self.norms[start:])
-        return mods
+        """The modules of the last ``last`` levels (every level if ``None``): the heads are the
+        last level, each hidden linear layer with its norm one level before."""
+        levels: list[list[nn.Module]] = [
+            [layer] + ([self.norms[i]] if self.norms is not None else []) for i, layer in enumerate(self.layers)
+        ]
+        levels.append(list(self.heads))
+        start = 0 if last is None else max(len(levels) - last, 0)
+        return [m for level in levels[start:] for m in level]
 
     @torch.no_grad()
     def reset_parameters(
@@ -199,21 +215,22 @@ class BatchedMLP(nn.Module):
         members: Sequence[int] | None = None,
         last: int | None = None,
     ) -> None:
-        """Re-initialize every layer, or only the ``last`` linear layers (with their norms)."""
+        """Re-initialize every layer, or only the ``last`` levels (see :meth:`tail`)."""
         reinitialize(self.tail(last), generators, members)
 
     def forward(
         self, x: Tensor, detach: bool = False, return_hidden: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    ) -> Tensor | tuple[Tensor, ...] | tuple[Tensor | tuple[Tensor, ...], list[Tensor]]:
         if x.dim() == 2:
             x = x.unsqueeze(0).expand(self.members, -1, -1)
         hidden: list[Tensor] = []
-        for i, layer in enumerate(self.layers[:-1]):
+        for i, layer in enumerate(self.layers):
             x = layer(x, detach)
             if self.norms is not None:
                 x = self.norms[i](x, detach)
             x = self._act(x)
             if return_hidden:
                 hidden.append(x)
-        out = self.layers[-1](x, detach)
+        outs = tuple(head(x, detach) for head in self.heads)
+        out = outs[0] if self.single_head else outs
         return (out, hidden) if return_hidden else out

@@ -7,9 +7,11 @@ Network initialization, the RL resets of :meth:`agents.SAC.reset`, the ``reset``
 
 Each member of a member-batched layer draws from its own ``torch.Generator`` (``generators[m]``),
 layer by layer and member by member, so member ``m`` of an ``M``-member network equals the
-single-member network driven by the same generator. Member-batched layers (anything with a
-``members`` attribute and a ``draw(generator)`` method, e.g. :class:`~sac_spectral.nets.BatchedLinear`)
-own their initializer; plain torch layers use torch's defaults: ``nn.Linear`` and ``nn.Conv*d``
+single-member network driven by the same generator. A member's slice of a member-batched layer's
+parameter has the shape of the plain torch layer's parameter (``BatchedLinear``: ``[out, in]`` and
+``[out]``), and a plain layer counts as one member, so the code below never asks which kind a layer
+is. Member-batched layers (anything with a ``members`` attribute and a ``draw(generator)`` method,
+e.g. :class:`~sac_spectral.nets.BatchedLinear`) own their initializer; plain torch layers use torch's defaults: ``nn.Linear`` and ``nn.Conv*d``
 weight and bias uniform in ``±1/√fan_in`` (what ``reset_parameters`` gives), normalization gain 1
 and shift 0. Draws happen on the CPU and are copied to the parameter's device and dtype.
 """
@@ -30,9 +32,15 @@ def member_count(module: nn.Module) -> int:
     return int(getattr(module, "members", 1))
 
 
+def members_view(param: Tensor, module: nn.Module) -> Tensor:
+    """``module``'s parameter with the member axis first: a member-batched layer's parameters have it
+    already; a plain torch layer's get a leading axis of size 1 (a plain layer is one member)."""
+    return param if hasattr(module, "members") else param.unsqueeze(0)
+
+
 def member_param(param: Tensor, module: nn.Module, m: int) -> Tensor:
-    """Member ``m``'s slice of one of ``module``'s parameters (the whole tensor for plain layers)."""
-    return param[m] if hasattr(module, "members") else param
+    """Member ``m``'s slice of one of ``module``'s parameters, shaped like a plain torch layer's."""
+    return members_view(param, module)[m]
 
 
 def _uniform(shape: torch.Size, bound: float, generator: torch.Generator | None) -> Tensor:
@@ -91,13 +99,13 @@ def forget(optimizer: torch.optim.Optimizer, params: Iterable[Tensor]) -> None:
 
 
 @torch.no_grad()
-def zero_moments(optimizer: torch.optim.Optimizer, param: Tensor, mask: Tensor, member: int | None = None) -> None:
-    """Zero the entries ``mask`` of ``param`` (of its member ``member`` if given; ``mask`` is shaped
-    like that slice) in every per-element state tensor of ``param``: Adam's ``exp_avg`` and
-    ``exp_avg_sq``, SGD's momentum, …. Per-tensor entries such as Adam's ``step`` stay."""
+def zero_moments(optimizer: torch.optim.Optimizer, module: nn.Module, param: Tensor, mask: Tensor, member: int = 0) -> None:
+    """Zero the entries ``mask`` of member ``member``'s slice of ``module``'s parameter ``param``
+    (``mask`` is shaped like that slice) in every per-element state tensor of ``param``: Adam's
+    ``exp_avg`` and ``exp_avg_sq``, SGD's momentum, …. Per-tensor entries such as Adam's ``step`` stay."""
     for value in optimizer.state.get(param, {}).values():
         if isinstance(value, Tensor) and value.shape == param.shape:
-            (value if member is None else value[member]).masked_fill_(mask, 0.0)
+            member_param(value, module, member).masked_fill_(mask, 0.0)
 
 
 def reset_layers(

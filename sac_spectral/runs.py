@@ -75,11 +75,11 @@ def check_new_run_dir(path: Path) -> None:
         raise ConfigError(f"run_dir '{path}' already exists and is not empty; resume it with --resume {path} or choose another run_dir")
 
 
-def open_run_dir(cfg: Any, default_name: str) -> Path:
-    """Create a fresh run directory — ``cfg.run_dir``, or ``runs/<default_name>__<time>`` stored back
-    into ``cfg`` — refusing a non-empty one, and write the resolved ``config.yaml`` into it."""
+def open_run_dir(cfg: Any, default_name: str, root: str = "runs") -> Path:
+    """Create a fresh run directory — ``cfg.run_dir``, or ``<root>/<default_name>__<time>`` stored
+    back into ``cfg`` — refusing a non-empty one, and write the resolved ``config.yaml`` into it."""
     if cfg.run_dir is None:
-        cfg.run_dir = str(Path("runs") / f"{default_name}__{datetime.now():%Y%m%d-%H%M%S}")
+        cfg.run_dir = str(Path(root) / f"{default_name}__{datetime.now():%Y%m%d-%H%M%S}")
     path = Path(cfg.run_dir)
     check_new_run_dir(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -187,6 +187,8 @@ class Runner(Protocol):
 
     def position(self) -> str: ...
 
+    def describe(self) -> str: ...
+
     def finite(self) -> bool: ...
 
     def checkpoint(self) -> None: ...
@@ -226,10 +228,10 @@ def runner_main(
     with GracefulStop() as stop:
         runner = build(cfg)
         if resume_dir is None:
-            runner.open_new()
+            print(f"run directory: {runner.open_new()}\n{runner.describe()}", file=sys.stderr, flush=True)
         else:
             runner.open_resume(resume_dir)
-            print(f"resuming {resume_dir} at {runner.position()}", file=sys.stderr)
+            print(f"resuming {resume_dir} at {runner.position()}\n{runner.describe()}", file=sys.stderr, flush=True)
         return runner.train(stop)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from agents import SAC, ActorConfig, CriticConfig, ReplayBuffer, SACConfig
 from envs import EnvPool, UnknownEnvError, make_env
@@ -49,18 +50,33 @@ RESUMABLE_KEYS = (
     *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
 )
 RESET_CHOICES = ("all", "last_layers")
+#: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
+#: request and checkpoints (every ``PRIMING_CHECKPOINT`` updates) act between chunks
+PRIMING_CHUNK = 1000
+PRIMING_CHECKPOINT = 10_000
 
 
 @dataclass
 class ResetConfig:
-    every: int = option(0, "reset the agent every N env steps (0 = never; Nikishin et al. 2022: 200000)")
+    every: int = option(0, "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. 2022: 200000)")
     what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
-    last_layers: int = option(1, "number of final linear layers re-drawn by what=last_layers")
+    last_layers: int = option(1, "number of final levels re-drawn by what=last_layers (1 = the output heads)")
 
     def validate(self) -> None:
         check(self.every >= 0, "every", f"must be >= 0, got {self.every}")
         check(self.what in RESET_CHOICES, "what", f"'{self.what}' is not one of {', '.join(RESET_CHOICES)}")
         check(self.last_layers >= 1, "last_layers", f"must be >= 1, got {self.last_layers}")
+
+
+@dataclass
+class PrimingConfig:
+    transitions: int = option(0, "heavy priming (Nikishin et al. 2022 §3): after this many env steps (0 = off) …")
+    updates: int = option(0, "… run this many updates on the transitions collected so far, then train as usual")
+
+    def validate(self) -> None:
+        check(self.transitions >= 0, "transitions", f"must be >= 0 (0 = no priming), got {self.transitions}")
+        check(self.updates >= 0, "updates", f"must be >= 0, got {self.updates}")
+        check(self.updates == 0 or self.transitions >= 1, "transitions", "must be >= 1 when priming.updates > 0")
 
 
 @dataclass
@@ -72,7 +88,7 @@ class TrainConfig(SACConfig):
     replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
     batch_size: int = option(256, "transitions per gradient update")
     buffer_size: int = option(1_000_000, "replay capacity per seed")
-    random_steps: int = option(5_000, "uniform-random warm-up steps before the policy acts and updates start")
+    random_steps: int = option(10_000, "uniform-random warm-up steps before the policy acts and updates start")
     action_repeat: int = option(1, "env steps per agent action")
     eval_every: int = option(10_000, "evaluate every N env steps (0 = only at the end)")
     eval_episodes: int = option(10, "episodes per evaluation")
@@ -83,6 +99,7 @@ class TrainConfig(SACConfig):
     threads: int = option(0, "torch CPU threads (0 = torch's default)")
     progress: bool = option(True, "show a progress bar")
     resets: ResetConfig = section(ResetConfig)
+    priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
     diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
     actor: ActorConfig = section(lambda: ActorConfig(regularizers=list(DEFAULT_REGULARIZERS)), "policy network")
     critic: CriticConfig = section(lambda: CriticConfig(regularizers=list(DEFAULT_REGULARIZERS)), "Q-networks")
@@ -95,25 +112,58 @@ class TrainConfig(SACConfig):
             check(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
         check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")
         check(
+            self.priming.transitions <= min(self.buffer_size, self.total_steps), "priming.transitions",
+            f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
+        )
+        check(
             self.device == "cpu" or (self.device.startswith("cuda") and torch.cuda.is_available()),
             "device",
             f"'{self.device}' is not available here; valid: cpu" + (", cuda" if torch.cuda.is_available() else ""),
         )
 
 
-def eval_seed(seed: int, episode: int) -> int:
-    """Reset seed of evaluation episode ``episode``; the same episodes at every evaluation."""
-    return derive_seed(seed, f"eval/{episode}") % (2**31)
+def eval_seed(seed: int, evaluation: int, episode: int) -> int:
+    """Reset seed of episode ``episode`` of evaluation number ``evaluation``: every evaluation plays
+    fresh episodes (a stream that continues between evaluations), deterministically and resumably."""
+    return derive_seed(seed, f"eval/{evaluation}/{episode}") % (2**31)
+
+
+def seed_label(seeds: Sequence[int]) -> str:
+    """``s3`` for one seed, ``s0-2`` for seeds 0, 1, 2."""
+    return f"s{seeds[0]}" if len(seeds) == 1 else f"s{seeds[0]}-{seeds[-1]}"
 
 
 def run_tag(cfg: TrainConfig) -> str:
     names = [r["name"] for r in cfg.critic.regularizers + cfg.actor.regularizers]
     tag = "+".join(dict.fromkeys(names)) or "sac"
+    if cfg.priming.updates:
+        tag += "+primed"
     return f"{tag}+resets" if cfg.resets.every else tag
 
 
+class Rates:
+    """Env steps and updates per second over an interval, restarted on each reading."""
+
+    def __init__(self, step: int, updates: int) -> None:
+        self.restart(step, updates)
+
+    def restart(self, step: int, updates: int) -> None:
+        self.time, self.step, self.updates = time.perf_counter(), step, updates
+
+    def read(self, step: int, updates: int) -> dict[str, float]:
+        dt = max(time.perf_counter() - self.time, 1e-9)
+        rates = {"perf/env_steps_per_s": (step - self.step) / dt, "perf/updates_per_s": (updates - self.updates) / dt}
+        self.restart(step, updates)
+        return rates
+
+
 class Trainer:
-    """Everything of one run: envs, agent, buffer, counters, logging, checkpoints."""
+    """Everything of one run: envs, agent, buffer, counters, logging, checkpoints.
+
+    :meth:`train` is the loop — act, step the envs, store, learn — and after each env step
+    :meth:`periodic` does, in this order: logging, diagnostics, evaluation, the reset (so an
+    evaluation at a reset step scores the trained agent, as rl_with_resets does), a checkpoint.
+    """
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
@@ -132,10 +182,14 @@ class Trainer:
             cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device
         )
         self.step = 0
-        self.updates_done = 0
+        self.primed = 0
+        self.diagnosed = 0
+        self.last_reset = 0
         self.evals: list[dict[str, Any]] = []
         self.random_return: list[float] | None = None
+        self.priming_report: dict[str, dict[str, list[float]]] = {}
         self.wall_time = 0.0
+        self.last_info: dict[str, torch.Tensor] = {}
         self.run_dir: Path | None = None
         self.logger: RunLogger | None = None
 
@@ -143,7 +197,7 @@ class Trainer:
     def open_new(self) -> Path:
         cfg = self.cfg
         slug = cfg.env.replace(":", "-").replace("/", "-")
-        self.run_dir = open_run_dir(cfg, f"{slug}__{run_tag(cfg)}__s{cfg.seed}")
+        self.run_dir = open_run_dir(cfg, f"{slug}__{run_tag(cfg)}__{seed_label(self.seeds)}")
         self.logger = RunLogger(self.run_dir, cfg.num_seeds)
         return self.run_dir
 
@@ -153,14 +207,34 @@ class Trainer:
         self.logger = RunLogger(path, self.cfg.num_seeds, purge_step=self.step + 1)
 
     def position(self) -> str:
+        if self._priming_due():
+            return f"step {self.step} (priming update {self.primed} of {self.cfg.priming.updates})"
         return f"step {self.step}"
+
+    def describe(self) -> str:
+        """One line: what this run does."""
+        cfg = self.cfg
+        regs = {net: "+".join(r["name"] for r in getattr(cfg, net).regularizers) or "none" for net in ("actor", "critic")}
+        parts = [
+            cfg.env, f"seed{'s' if len(self.seeds) > 1 else ''} {seed_label(self.seeds)[1:]}",
+            f"{cfg.total_steps} steps at replay ratio {cfg.replay_ratio:g} after {cfg.random_steps} random",
+            f"regularizers actor: {regs['actor']}, critic: {regs['critic']}",
+        ]
+        if cfg.resets.every:
+            parts.append(f"resets ({cfg.resets.what}) every {cfg.resets.every}")
+        if cfg.priming.updates:
+            parts.append(f"priming {cfg.priming.updates} updates on the first {cfg.priming.transitions} transitions")
+        parts.append(f"{cfg.device}, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}")
+        return " | ".join(parts)
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         return {
-            "format": 1,
+            "format": 2,
             "step": self.step,
-            "updates_done": self.updates_done,
+            "primed": self.primed,
+            "diagnosed": self.diagnosed,
+            "last_reset": self.last_reset,
             "agent": self.agent.full_state_dict(),
             "buffer": self.buffer.state_dict(),
             "streams": self.streams.state_dict(),
@@ -168,11 +242,13 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "evals": self.evals,
             "random_return": self.random_return,
+            "priming_report": self.priming_report,
             "wall_time": self.wall_time,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.updates_done = int(state["step"]), int(state["updates_done"])
+        self.step, self.primed, self.diagnosed = int(state["step"]), int(state["primed"]), int(state["diagnosed"])
+        self.last_reset = int(state["last_reset"])
         self.agent.load_full_state_dict(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
         self.streams.load_state_dict(state["streams"])
@@ -180,6 +256,7 @@ class Trainer:
             print("note: this env's state cannot be restored exactly; the resumed run starts a new episode", file=sys.stderr)
         torch.set_rng_state(state["torch_rng"])
         self.evals, self.random_return = list(state["evals"]), state["random_return"]
+        self.priming_report = dict(state["priming_report"])
         self.wall_time = float(state["wall_time"])
 
     def checkpoint(self) -> None:
@@ -190,12 +267,14 @@ class Trainer:
         return tensor_is_finite(self.agent.state_dict()) and tensor_is_finite(self.agent.metrics())
 
     # ----------------------------------------------------------------------------- evaluation
-    def evaluate(self, policy: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """Mean return per seed over ``eval_episodes`` episodes with the same reset seeds each time."""
+    def evaluate(self, policy: Callable[[np.ndarray], np.ndarray], evaluation: int | str) -> np.ndarray:
+        """Mean return per seed over ``eval_episodes`` episodes, seeded by :func:`eval_seed`."""
         n, episodes = len(self.seeds), self.cfg.eval_episodes
         returns = np.zeros((n, episodes))
         for ep in range(episodes):
-            obs = np.stack([env.reset(seed=eval_seed(s, ep))[0] for env, s in zip(self.eval_envs, self.seeds)])
+            obs = np.stack([
+                env.reset(seed=eval_seed(s, evaluation, ep))[0] for env, s in zip(self.eval_envs, self.seeds)
+            ])
             done = np.zeros(n, dtype=bool)
             while not done.all():
                 actions = policy(obs)
@@ -217,66 +296,32 @@ class Trainer:
 
     def _eval_and_log(self) -> float:
         assert self.logger is not None
-        returns = self.evaluate(self._policy)
+        returns = self.evaluate(self._policy, len(self.evals))
         self.evals.append({"step": self.step, "returns": returns.tolist()})
         self.logger.per_seed("eval/return", returns.tolist(), self.step)
         return float(returns.mean())
 
-    # ----------------------------------------------------------------------------- training
-    def _act(self) -> np.ndarray:
-        if self.step < self.cfg.random_steps:
-            return (self.streams.rand("act", (self.pool.act_dim,)) * 2.0 - 1.0).cpu().numpy()
-        obs = torch.as_tensor(self.pool.obs, device=self.device)
-        return self.agent.act(obs).cpu().numpy()
-
-    def _updates_due(self) -> int:
-        learned = self.step - self.cfg.random_steps
-        if learned <= 0:
-            return 0
-        return math.floor(learned * self.cfg.replay_ratio + 1e-9) - self.updates_done
-
-    def _log_training(self, interval: dict[str, float]) -> tuple[dict[str, float], bool]:
-        """Log rates, agent metrics and σ_max; returns the rates and whether the metrics are finite."""
-        assert self.logger is not None
-        now = time.perf_counter()
-        dt = max(now - interval["time"], 1e-9)
-        rates = {
-            "perf/env_steps_per_s": (self.step - interval["step"]) / dt,
-            "perf/updates_per_s": (self.updates_done - interval["updates"]) / dt,
-        }
-        for tag, value in rates.items():
-            self.logger.scalar(tag, value, self.step)
-        metrics = self.agent.metrics()
-        if self.updates_done > 0:
-            self.logger.scalars(metrics, self.step)
-        for net, module in self.agent.nets().items():
-            for i, sigma in enumerate(layer_sigma_max(module)):
-                self.logger.per_seed(f"spectral/{net}/layer{i}/sigma_max", self.agent.per_seed(net, sigma), self.step)
-        interval.update(time=now, step=self.step, updates=self.updates_done)
-        return rates, tensor_is_finite(metrics)
-
-    def _diagnose(self) -> None:
-        """Log gradient rank, spectra, features and dormant units on a probe batch of its own."""
-        assert self.logger is not None
-        batch, noise = probe_batch(self.agent, self.buffer, self.cfg.diagnostics.batch_size, self.seeds, self.updates_done)
-        for net, report in sac_diagnostics(self.agent, batch, noise, self.cfg.diagnostics).items():
-            for tag, value in report.scalars.items():
-                self.logger.per_seed(tag, self.agent.per_seed(net, value), self.step)
-            for tag, values in report.histograms.items():
-                for i, seed_values in enumerate(values.reshape(len(self.seeds), -1)):
-                    self.logger.histogram(tag if len(self.seeds) == 1 else f"seed{i}/{tag}", seed_values, self.step)
-
+    # ----------------------------------------------------------------------------- the loop
     def train(self, stop: GracefulStop) -> int:
         """Run until ``total_steps``; returns the process exit code."""
         cfg, logger = self.cfg, self.logger
         assert logger is not None and self.run_dir is not None
         if self.random_return is None:
-            self.random_return = self.evaluate(self._random_policy()).tolist()
+            self.random_return = self.evaluate(self._random_policy(), "random_policy").tolist()
             logger.per_seed("eval/random_policy_return", self.random_return, 0)
-        start = time.perf_counter() - self.wall_time
-        interval = {"time": time.perf_counter(), "step": self.step, "updates": self.updates_done}
+        self._start = time.perf_counter() - self.wall_time
+        self._bar_rates = Rates(self.step, self.agent.num_updates)
+        self._log_rates = Rates(self.step, self.agent.num_updates)
         bar = progress_bar(cfg.total_steps, self.step, "step", cfg.progress)
-        postfix = {"eval": f"{float(np.mean(self.evals[-1]['returns'])):.1f}"} if self.evals else {}
+        self._postfix = {"eval": f"{float(np.mean(self.evals[-1]['returns'])):.1f}"} if self.evals else {}
+        if self._reset_due():  # a run that ended at a reset step and is now extended
+            self._reset()
+        if self._priming_due():  # resumed in the middle of priming: finish it and this step's periodic work
+            code = self.learn(bar, stop)
+            if code is None:
+                code = self.periodic(bar, stop)
+            if code is not None:
+                return code
         while self.step < cfg.total_steps:
             obs, actions = self.pool.obs, self._act()
             if not np.isfinite(actions).all():
@@ -287,39 +332,142 @@ class Trainer:
                 for x in (obs, actions, tr.reward, tr.next_obs, tr.terminated)
             ))
             self.step += 1
-            for i, ret, length in tr.finished:
-                logger.writer.add_scalar(
-                    "train/episode_return" if len(self.seeds) == 1 else f"seed{i}/train/episode_return", ret, self.step
-                )
-            n_updates, every = self._updates_due(), cfg.diagnostics.every
-            if n_updates > 0:
-                if every and self.updates_done == 0:
-                    self._diagnose()  # the untrained networks, as a baseline
-                self.agent.train_steps(self.buffer, n_updates, cfg.batch_size)
-                self.updates_done += n_updates
-                if every and self.updates_done // every > (self.updates_done - n_updates) // every:
-                    self._diagnose()
-            if cfg.resets.every and self.step % cfg.resets.every == 0 and self.step < cfg.total_steps:
-                self.agent.reset(cfg.resets.what, cfg.resets.last_layers)
-            if self.step % cfg.log_every == 0:
-                rates, finite = self._log_training(interval)
-                if not finite:
-                    return end_nonfinite(self, bar)
-                postfix.update(sps=f"{rates['perf/env_steps_per_s']:.0f}", ups=f"{rates['perf/updates_per_s']:.0f}")
-            if (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.total_steps:
-                postfix["eval"] = f"{self._eval_and_log():.1f}"
-            bar.set_postfix(postfix, refresh=False)
-            bar.update(1)
-            self.wall_time = time.perf_counter() - start
-            if stop.requested is not None:
-                return end_stopped(self, bar, "sac_spectral.train", stop.requested)
-            if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.total_steps:
-                if not self.finite():
-                    return end_nonfinite(self, bar)
-                self.checkpoint()
+            logger.episodes(tr.finished, self.step)
+            code = self.learn(bar, stop)
+            if code is None:
+                code = self.periodic(bar, stop)
+            if code is not None:
+                return code
         bar.close()
         self._finish()
         return 0
+
+    def _act(self) -> np.ndarray:
+        if self.step < self.cfg.random_steps:
+            return (self.streams.rand("act", (self.pool.act_dim,)) * 2.0 - 1.0).cpu().numpy()
+        obs = torch.as_tensor(self.pool.obs, device=self.device)
+        return self.agent.act(obs).cpu().numpy()
+
+    def _priming_due(self) -> bool:
+        p = self.cfg.priming
+        return self.step >= p.transitions and self.primed < p.updates
+
+    def _updates_due(self) -> int:
+        """Updates owed at this step by the replay ratio (priming updates are extra)."""
+        learned = self.step - self.cfg.random_steps
+        if learned <= 0:
+            return 0
+        return math.floor(learned * self.cfg.replay_ratio + 1e-9) - (self.agent.num_updates - self.primed)
+
+    def learn(self, bar: tqdm, stop: GracefulStop) -> int | None:
+        """Priming when due, then the updates this step owes; an exit code if the run must stop."""
+        if self._priming_due():
+            code = self._prime(bar, stop)
+            if code is not None:
+                return code
+        n = self._updates_due()
+        if n > 0:
+            self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
+        return None
+
+    def _prime(self, bar: tqdm, stop: GracefulStop) -> int | None:
+        """Heavy priming: ``priming.updates`` updates on the transitions stored so far, in chunks,
+        with diagnostics before and after (``priming/before/…``, ``priming/after/…``, and in
+        ``summary.json``) and the losses under ``priming/…`` by priming update."""
+        assert self.logger is not None
+        total = self.cfg.priming.updates
+        if self.primed == 0 and self.cfg.diagnostics.every:
+            self.priming_report["before"] = self._diagnose("priming/before/")
+        while self.primed < total:
+            n = min(PRIMING_CHUNK, total - self.primed)
+            info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
+            self.primed += n
+            self.wall_time = time.perf_counter() - self._start
+            if not tensor_is_finite(info):
+                return end_nonfinite(self, bar)
+            self.logger.scalars({f"priming/{k}": v for k, v in {**info, **self.agent.metrics()}.items()}, self.primed)
+            bar.set_postfix({**self._postfix, "priming": f"{self.primed}/{total}"})
+            if stop.requested is not None:
+                return end_stopped(self, bar, "sac_spectral.train", stop.requested)
+            if self.primed % PRIMING_CHECKPOINT == 0 and self.primed < total:
+                if not self.finite():
+                    return end_nonfinite(self, bar)
+                self.checkpoint()
+        if self.cfg.diagnostics.every:
+            self.priming_report["after"] = self._diagnose("priming/after/")
+        return None
+
+    def periodic(self, bar: tqdm, stop: GracefulStop) -> int | None:
+        """This step's periodic work, in order: logging, diagnostics, evaluation, reset, checkpoint.
+        Returns an exit code if the run must stop (non-finite values, a stop request)."""
+        cfg, step = self.cfg, self.step
+        if step % cfg.log_every == 0 and not self._log_training():
+            return end_nonfinite(self, bar)
+        every, updates = cfg.diagnostics.every, self.agent.num_updates
+        if every and ((updates == 0 and step == cfg.random_steps) or updates // every > self.diagnosed // every):
+            self._diagnose()
+            self.diagnosed = updates
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.total_steps:
+            self._postfix["eval"] = f"{self._eval_and_log():.1f}"
+        if self._reset_due() and step < cfg.total_steps:
+            self._reset()
+        self._progress(bar)
+        self.wall_time = time.perf_counter() - self._start
+        if stop.requested is not None:
+            return end_stopped(self, bar, "sac_spectral.train", stop.requested)
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.total_steps:
+            if not self.finite():
+                return end_nonfinite(self, bar)
+            self.checkpoint()
+        return None
+
+    def _reset_due(self) -> bool:
+        every = self.cfg.resets.every
+        return bool(every) and self.step > 0 and self.step % every == 0 and self.last_reset < self.step
+
+    def _reset(self) -> None:
+        """Nikishin et al.'s reset (the buffer stays). A run that ends at a reset step skips it (its
+        final checkpoint keeps the trained agent); extending that run applies it on resume."""
+        self.agent.reset(self.cfg.resets.what, self.cfg.resets.last_layers)
+        self.last_reset = self.step
+
+    def _progress(self, bar: tqdm) -> None:
+        """Advance the bar; its rates are refreshed about once a second."""
+        if time.perf_counter() - self._bar_rates.time >= 1.0:
+            rates = self._bar_rates.read(self.step, self.agent.num_updates)
+            self._postfix.update(sps=f"{rates['perf/env_steps_per_s']:.0f}", ups=f"{rates['perf/updates_per_s']:.0f}")
+        self._postfix.pop("priming", None)
+        bar.set_postfix(self._postfix, refresh=False)
+        bar.update(1)
+
+    def _log_training(self) -> bool:
+        """Log rates since the last log, the last update's metrics, the agent's state metrics and
+        σ_max per layer; returns whether the metrics are finite."""
+        assert self.logger is not None
+        step = self.step
+        for tag, value in self._log_rates.read(step, self.agent.num_updates).items():
+            self.logger.scalar(tag, value, step)
+        metrics = {**self.last_info, **self.agent.metrics()}
+        self.logger.scalars(metrics, step)
+        for net, module in self.agent.nets().items():
+            for i, sigma in enumerate(layer_sigma_max(module)):
+                self.logger.per_seed(f"spectral/{net}/layer{i}/sigma_max", self.agent.per_seed(net, sigma), step)
+        return tensor_is_finite(metrics)
+
+    def _diagnose(self, prefix: str = "") -> dict[str, list[float]]:
+        """Log gradient rank, spectra, features and dormant units on a probe batch of its own
+        (under ``prefix`` + the usual tags); returns the per-seed scalars."""
+        assert self.logger is not None
+        batch, noise = probe_batch(self.agent, self.buffer, self.cfg.diagnostics.batch_size, self.seeds, self.agent.num_updates)
+        out: dict[str, list[float]] = {}
+        for net, report in sac_diagnostics(self.agent, batch, noise, self.cfg.diagnostics).items():
+            for tag, value in report.scalars.items():
+                per_seed = self.agent.per_seed(net, value)
+                self.logger.per_seed(prefix + tag, per_seed, self.step)
+                out[tag] = per_seed.reshape(-1).tolist()
+            for tag, values in report.histograms.items():
+                self.logger.histograms(prefix + tag, values.reshape(len(self.seeds), -1), self.step)
+        return out
 
     def summary(self) -> dict[str, Any]:
         finals = self.evals[-1]["returns"] if self.evals else [float("nan")] * len(self.seeds)
@@ -328,9 +476,10 @@ class Trainer:
             "env": self.cfg.env,
             "seeds": self.seeds,
             "steps": self.step,
-            "updates": self.updates_done,
+            "updates": self.agent.num_updates,
+            "priming_updates": self.primed,
             "wall_time_s": self.wall_time,
-            "updates_per_s": self.updates_done / max(self.wall_time, 1e-9),
+            "updates_per_s": self.agent.num_updates / max(self.wall_time, 1e-9),
             "env_steps_per_s": self.step / max(self.wall_time, 1e-9),
             "final_eval_return": float(np.mean(finals)),
             "best_eval_return": float(np.mean(best)),
@@ -340,6 +489,7 @@ class Trainer:
                 for s, f, b, r in zip(self.seeds, finals, best, self.random_return or [])
             ],
             "eval_history": self.evals,
+            "priming": self.priming_report,
         }
 
     def _finish(self) -> None:

@@ -138,10 +138,10 @@ def test_shrink_perturb_noise_has_the_initializers_statistics():
 def _mlp_features(net, x, m):
     """Post-activation features of every hidden layer of member ``m`` (a loop reference)."""
     feats, h = [], x
-    for i, layer in enumerate(net.layers[:-1]):
-        h = h @ layer.weight[m] + layer.bias[m, 0]
+    for i, layer in enumerate(net.layers):
+        h = F.linear(h, layer.weight[m], layer.bias[m])
         if net.norms is not None:
-            h = F.layer_norm(h, (h.shape[-1],), net.norms[i].weight[m, 0], net.norms[i].bias[m, 0])
+            h = F.layer_norm(h, (h.shape[-1],), net.norms[i].weight[m], net.norms[i].bias[m])
         h = torch.cat([F.relu(h), F.relu(-h)], -1) if net.activation == "crelu" else F.relu(h)
         feats.append(h)
     return feats
@@ -157,10 +157,10 @@ def test_redo_recycles_exactly_the_dormant_units(activation, layer_norm):
     with torch.no_grad():  # make units dormant: member 0 layer 0 units 1, 4; member 1 layer 1 unit 2
         for m, layer, unit in ((0, 0, 1), (0, 0, 4), (1, 1, 2)):
             if layer_norm:
-                net.norms[layer].weight[m, 0, unit] = 0.0
-                net.norms[layer].bias[m, 0, unit] = 0.0
+                net.norms[layer].weight[m, unit] = 0.0
+                net.norms[layer].bias[m, unit] = 0.0
             else:
-                net.layers[layer].bias[m, 0, unit] = -100.0
+                net.layers[layer].bias[m, unit] = -100.0
     params, state = _snapshot(net, opt)
     gens = _clone_gens(reg.generators)
 
@@ -180,16 +180,17 @@ def test_redo_recycles_exactly_the_dormant_units(activation, layer_norm):
                 if len(d) == 0:
                     continue
                 w, b = net.layers[i].draw(gens[m])
-                expected[f"layers.{i}.weight"][m][:, d] = w[:, d]
-                expected[f"layers.{i}.bias"][m][:, d] = b[:, d]
-                touched = [(f"layers.{i}.weight", (m, slice(None), d)), (f"layers.{i}.bias", (m, 0, d))]
+                expected[f"layers.{i}.weight"][m][d] = w[d]
+                expected[f"layers.{i}.bias"][m][d] = b[d]
+                touched = [(f"layers.{i}.weight", (m, d)), (f"layers.{i}.bias", (m, d))]
                 if layer_norm:
-                    expected[f"norms.{i}.weight"][m][:, d] = 1.0
-                    expected[f"norms.{i}.bias"][m][:, d] = 0.0
-                    touched += [(f"norms.{i}.weight", (m, 0, d)), (f"norms.{i}.bias", (m, 0, d))]
-                rows = torch.cat([d, d + net.layers[i].out_features]) if activation == "crelu" else d
-                expected[f"layers.{i + 1}.weight"][m][rows] = 0.0
-                touched.append((f"layers.{i + 1}.weight", (m, rows)))
+                    expected[f"norms.{i}.weight"][m][d] = 1.0
+                    expected[f"norms.{i}.bias"][m][d] = 0.0
+                    touched += [(f"norms.{i}.weight", (m, d)), (f"norms.{i}.bias", (m, d))]
+                cols = torch.cat([d, d + net.layers[i].out_features]) if activation == "crelu" else d
+                consumer = f"layers.{i + 1}.weight" if i + 1 < len(net.layers) else "heads.0.weight"
+                expected[consumer][m][:, cols] = 0.0
+                touched.append((consumer, (m, slice(None), cols)))
                 for name, idx in touched:
                     for key in ("exp_avg", "exp_avg_sq"):
                         exp_state[name][key][idx] = 0.0
@@ -245,14 +246,14 @@ def test_reset_redraws_the_last_layer_from_its_initializer_and_clears_its_optimi
     opt = _adam_steps(net, x, 2, [reg])
     params, _ = _snapshot(net, opt)
     reg.after_step(3)
-    out = net.layers[-1]
-    assert not torch.equal(out.weight, params["layers.2.weight"])
+    out = net.heads[0]
+    assert not torch.equal(out.weight, params["heads.0.weight"])
     s = torch.linalg.svdvals(out.weight.detach())
     torch.testing.assert_close(s, torch.ones_like(s), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(out.bias) == 0
     assert out.weight not in opt.state and out.bias not in opt.state
     for name, p in net.named_parameters():
-        if not name.startswith("layers.2"):
+        if not name.startswith("heads.0"):
             assert torch.equal(p, params[name]) and p in opt.state, name
     assert reg.metrics()["resets"].item() == 1.0
 

@@ -14,8 +14,14 @@ def test_batched_linear_equals_per_member_linear():
     x = torch.randn(3, 7, 5)
     y = layer(x)
     for m in range(3):
-        ref = nn.functional.linear(x[m], layer.weight[m].t(), layer.bias[m, 0])
+        ref = nn.functional.linear(x[m], layer.weight[m], layer.bias[m])
         torch.testing.assert_close(y[m], ref)
+
+
+def test_a_member_is_laid_out_like_nn_linear():
+    layer = BatchedLinear(2, 5, 3, init="torch")
+    plain = nn.Linear(5, 3)
+    assert layer.weight[1].shape == plain.weight.shape and layer.bias[1].shape == plain.bias.shape
 
 
 def test_member_i_of_a_batch_equals_single_member_network_from_same_generator():
@@ -55,7 +61,7 @@ def test_layer_norm_matches_torch():
         ln.bias.normal_()
     x = torch.randn(2, 3, 6)
     for m in range(2):
-        ref = nn.functional.layer_norm(x[m], (6,), ln.weight[m, 0], ln.bias[m, 0])
+        ref = nn.functional.layer_norm(x[m], (6,), ln.weight[m], ln.bias[m])
         torch.testing.assert_close(ln(x)[m], ref)
 
 
@@ -78,3 +84,19 @@ def test_layer_views_cover_linear_conv_norm_and_mark_output():
     assert views[0].weight().shape == (1, 4, 27)
     assert [v.is_output for v in views] == [False, False, False, True]
     assert len(layer_views(model, "hidden")) == 3
+
+
+def test_heads_share_the_trunk_and_count_as_outputs():
+    gen = torch.Generator().manual_seed(0)
+    net = BatchedMLP(2, 4, [8, 8], (3, 3), out_gains=(math.sqrt(2), 1.0), generators=[gen, gen])
+    x = torch.randn(2, 5, 4)
+    (mean, log_std), hidden = net(x, return_hidden=True)
+    assert mean.shape == log_std.shape == (2, 5, 3)
+    for head, out in zip(net.heads, (mean, log_std)):
+        torch.testing.assert_close(out, torch.baddbmm(head.bias.unsqueeze(1), hidden[-1], head.weight.transpose(1, 2)))
+    s_mean, s_std = (torch.linalg.svdvals(h.weight) for h in net.heads)
+    torch.testing.assert_close(s_mean, torch.full_like(s_mean, math.sqrt(2)))
+    torch.testing.assert_close(s_std, torch.ones_like(s_std))
+    views = layer_views(net)
+    assert [v.is_output for v in views] == [False, False, True, True]
+    assert net.tail(1) == list(net.heads) and net.tail(2)[0] is net.layers[1]

@@ -1,3 +1,4 @@
+import copy
 import math
 
 import torch
@@ -53,11 +54,10 @@ def _manual_q(net, x):
     outs = []
     for m in range(net.members):
         h = x
-        for i, layer in enumerate(net.layers):
-            h = h @ layer.weight[m] + layer.bias[m, 0]
-            if i < len(net.layers) - 1:
-                h = torch.relu(h)
-        outs.append(h.squeeze(-1))
+        for layer in net.layers:
+            h = torch.relu(torch.nn.functional.linear(h, layer.weight[m], layer.bias[m]))
+        head = net.heads[0]
+        outs.append(torch.nn.functional.linear(h, head.weight[m], head.bias[m]).squeeze(-1))
     return torch.stack(outs)
 
 
@@ -100,8 +100,7 @@ def test_temperature_moves_toward_target_entropy():
     agent = make_agent(cfg=cfg)
     assert agent.target_entropy == -1.0
     before = agent.log_alpha.item()
-    agent.update(random_batch(), torch.randn(2, 1, 8, 2))
-    entropy = agent.metrics()["entropy"].item()
+    entropy = agent.update(random_batch(), torch.randn(2, 1, 8, 2))["entropy"].item()
     assert math.copysign(1, agent.log_alpha.item() - before) == math.copysign(1, agent.target_entropy - entropy)
 
 
@@ -123,14 +122,16 @@ def test_reset_all_redraws_everything_and_clears_optimizers():
 def test_reset_last_layers_keeps_the_rest():
     agent = make_agent()
     agent.update(random_batch(), torch.randn(2, 1, 8, 2))
-    w0 = agent.critic.layers[0].weight.clone()
-    w_last = agent.critic.layers[-1].weight.clone()
+    w0 = agent.critic.layers[-1].weight.clone()
+    w_last = agent.critic.heads[0].weight.clone()
+    actor_heads = [h.weight.clone() for h in agent.actor.heads]
     agent.reset("last_layers", 1)
-    assert torch.equal(agent.critic.layers[0].weight, w0)
-    assert not torch.equal(agent.critic.layers[-1].weight, w_last)
-    assert agent.critic.layers[-1].weight not in agent.critic_opt.state
-    assert agent.critic.layers[0].weight in agent.critic_opt.state
-    assert torch.equal(agent.target_critic.layers[-1].weight, agent.critic.layers[-1].weight)
+    assert torch.equal(agent.critic.layers[-1].weight, w0)
+    assert not torch.equal(agent.critic.heads[0].weight, w_last)
+    assert all(not torch.equal(h.weight, w) for h, w in zip(agent.actor.heads, actor_heads))
+    assert agent.critic.heads[0].weight not in agent.critic_opt.state
+    assert agent.critic.layers[-1].weight in agent.critic_opt.state
+    assert torch.equal(agent.target_critic.heads[0].weight, agent.critic.heads[0].weight)
 
 
 def _paired_buffers(seeds, obs=5, act=2, n=64, vary_seed0=False):
@@ -151,12 +152,14 @@ def test_seeds_in_one_agent_never_influence_each_other():
     a, b = make_agent(seeds=(4, 5)), make_agent(seeds=(4, 5))
     a.train_steps(_paired_buffers(2), 10, 16)
     b.train_steps(_paired_buffers(2, vary_seed0=True), 10, 16)
-    changed = []
-    for pa, pb in zip(a.parameters(), b.parameters()):
+    changed = {}
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         n = pa.shape[0] // 2
         assert torch.equal(pa[n:], pb[n:])
-        changed.append(not torch.equal(pa[:n], pb[:n]))
-    assert all(changed[1:])  # every network weight of seed 0 moved (its temperature need not)
+        changed[name] = not torch.equal(pa[:n], pb[:n])
+    # seed 0's critics and actor moved; its temperature and log-std head need not: Adam's first
+    # steps are ≈ lr·sign(g), which a small change of the gradient may leave bit-identical
+    assert all(v for k, v in changed.items() if not k.startswith(("log_alpha", "actor.heads.1")))
 
 
 def test_seed_in_a_multi_seed_agent_matches_single_seed_agent():
@@ -178,23 +181,76 @@ def _train_copy(cfg, updates=3):
     agent = make_agent(cfg=cfg)
     g = torch.Generator().manual_seed(1)
     for _ in range(updates):
-        agent.update(random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g))
-    return agent
+        info = agent.update(random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g))
+    return agent, info
 
 
 def test_bf16_autocast_keeps_fp32_state_and_tracks_fp32_losses():
-    ref = _train_copy(small_cfg())
-    bf = _train_copy(small_cfg(precision="bf16"))
+    ref, ref_info = _train_copy(small_cfg())
+    bf, bf_info = _train_copy(small_cfg(precision="bf16"))
     assert all(p.dtype == torch.float32 for p in bf.parameters())
     assert all(s["exp_avg"].dtype == torch.float32 for s in bf.critic_opt.state.values())
     for key in ("loss/critic", "loss/actor", "entropy"):
-        torch.testing.assert_close(bf.metrics()[key], ref.metrics()[key], rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(bf_info[key], ref_info[key], rtol=3e-2, atol=3e-2)
     for p, q in zip(bf.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=5e-3)
 
 
 def test_compiled_update_matches_eager():
-    ref = _train_copy(small_cfg())
-    comp = _train_copy(small_cfg(compile=True))
+    ref, _ = _train_copy(small_cfg())
+    comp, _ = _train_copy(small_cfg(compile=True))
     for p, q in zip(comp.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_networks_are_initialized_as_in_rl_with_resets():
+    """Orthogonal gain √2 for every critic layer (output included) and the actor's trunk and mean
+    head; gain 1 for the separate log-std head; zero biases."""
+    agent = make_agent()
+    sqrt2 = math.sqrt(2)
+    critic_layers = [*agent.critic.layers, *agent.critic.heads]
+    for layer in critic_layers + list(agent.actor.layers) + [agent.actor.heads[0]]:
+        s = torch.linalg.svdvals(layer.weight.detach())
+        torch.testing.assert_close(s, torch.full_like(s, sqrt2))
+    s = torch.linalg.svdvals(agent.actor.heads[1].weight.detach())
+    torch.testing.assert_close(s, torch.ones_like(s))
+    assert [tuple(h.weight.shape) for h in agent.actor.heads] == [(1, 2, 16), (1, 2, 16)]
+    assert all(torch.count_nonzero(p) == 0 for n, p in agent.named_parameters() if n.endswith("bias"))
+
+
+def test_update_losses_are_the_means_of_the_per_example_losses():
+    agent = make_agent(seeds=(0, 1))
+    batch = random_batch(n=2, b=8)
+    noise = torch.randn(2, 2, 8, 2, generator=torch.Generator().manual_seed(5))
+    actor_before = copy.deepcopy(agent.actor.state_dict())
+    with torch.no_grad():
+        critic_ex, _ = agent.critic_losses(batch, noise[0])
+        alpha = agent.log_alpha.exp()
+    info = agent.update(batch, noise)
+    torch.testing.assert_close(info["loss/critic"], critic_ex.mean(-1).sum(1))
+    agent.actor.load_state_dict(actor_before)  # the actor step sees the updated critic, the old actor
+    with torch.no_grad():
+        agent.log_alpha.copy_(alpha.log())
+        actor_ex, logp = agent.actor_losses(batch["obs"], noise[1])
+    torch.testing.assert_close(info["loss/actor"], actor_ex.mean(-1))
+    torch.testing.assert_close(info["entropy"], -logp.mean(-1))
+    torch.testing.assert_close(info["loss/alpha"], alpha * (-logp.mean(-1) - agent.target_entropy))
+
+
+def test_diagnostics_differentiate_the_losses_the_update_minimizes():
+    """The gradient-rank closures' per-example losses average to the update's losses on the same
+    batch and noise (one definition of SAC's losses)."""
+    from sac_spectral.diagnostics.rl import actor_loss, critic_td_loss
+
+    agent = make_agent(seeds=(0, 1))
+    batch = random_batch(n=2, b=8)
+    noise = torch.randn(2, 2, 8, 2, generator=torch.Generator().manual_seed(5))
+    critic_fn, critic_probe = critic_td_loss(agent, batch, noise[0])
+    actor_fn, actor_probe = actor_loss(agent, batch, noise[1])
+    with torch.no_grad():
+        per_example_critic = critic_fn(agent.critic, critic_probe).view(2, agent.num_critics, 8)
+        per_example_actor = actor_fn(agent.actor, actor_probe)
+        critic_update, _ = agent._critic_loss(batch, noise[0])
+        actor_update, _, _ = agent._actor_loss(batch["obs"], noise[1])
+    torch.testing.assert_close(per_example_critic.mean(-1).sum(1), critic_update)
+    torch.testing.assert_close(per_example_actor.mean(-1), actor_update)

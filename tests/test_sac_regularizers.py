@@ -1,6 +1,7 @@
 """Regularizers inside the SAC agent, and the optimizer/architecture options of each network."""
 
 import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -76,13 +77,13 @@ def test_mlp_forward_matches_a_per_member_torch_reference(activation, layer_norm
     for m in range(2):
         h = x[m]
         for i, layer in enumerate(net.layers):
-            h = F.linear(h, layer.weight[m].T, layer.bias[m, 0])
-            if i < len(net.layers) - 1:
-                if layer_norm:
-                    norm = nn.LayerNorm(h.shape[-1])
-                    norm.load_state_dict({"weight": net.norms[i].weight[m, 0], "bias": net.norms[i].bias[m, 0]})
-                    h = norm(h)
-                h = act(h)
+            h = F.linear(h, layer.weight[m], layer.bias[m])
+            if layer_norm:
+                norm = nn.LayerNorm(h.shape[-1])
+                norm.load_state_dict({"weight": net.norms[i].weight[m], "bias": net.norms[i].bias[m]})
+                h = norm(h)
+            h = act(h)
+        h = F.linear(h, net.heads[0].weight[m], net.heads[0].bias[m])
         torch.testing.assert_close(net(x)[m], h)
 
 
@@ -163,8 +164,9 @@ def test_full_reset_draws_the_initializer_from_the_continuing_init_stream():
     gen = torch.Generator()
     gen.set_state(streams["init"][0].get_state())
     agent.reset("all")
-    actor = BatchedMLP(1, 5, [16, 16], 4, generators=[gen])
-    critic = BatchedMLP(2, 7, [16, 16], 1, generators=[gen, gen])
+    gain = math.sqrt(2)
+    actor = BatchedMLP(1, 5, [16, 16], (2, 2), out_gains=(gain, 1.0), generators=[gen])
+    critic = BatchedMLP(2, 7, [16, 16], 1, out_gains=gain, generators=[gen, gen])
     for got, ref in zip(list(agent.actor.parameters()) + list(agent.critic.parameters()),
                         list(actor.parameters()) + list(critic.parameters())):
         assert torch.equal(got, ref)

@@ -175,3 +175,79 @@ def test_seed_of_a_multi_seed_run_matches_its_single_seed_run(tmp_path):
     assert torch.equal(a["buffer"]["data"]["obs"][1, :200], b["buffer"]["data"]["obs"][0, :200])
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (multi, single))
     assert sa["per_seed"][1]["random_policy_return"] == sb["per_seed"][0]["random_policy_return"]
+
+
+def test_evaluation_at_a_reset_step_scores_the_trained_agent_also_across_a_resume(tmp_path):
+    """rl_with_resets evaluates first, then resets: the evaluation at step 400 of a run that
+    resets at 400 equals the final evaluation of the same run stopped at 400 (a trained agent,
+    not a fresh one), and a run extended past its last step still applies that reset."""
+    ended, straight = tmp_path / "ended", tmp_path / "straight"
+    common = FAST + ["eval_every=400", "resets.every=400"]
+    assert run(common + ["total_steps=400", f"run_dir={ended}"]) == 0
+    assert run(common + ["total_steps=800", f"run_dir={straight}"]) == 0
+    first, second = (json.loads((d / "summary.json").read_text())["eval_history"] for d in (ended, straight))
+    assert second[0] == first[-1] and second[0]["step"] == 400
+    assert run(["--resume", ended, "total_steps=800"]) == 0
+    _assert_same_state(_params(straight), _params(ended))
+
+
+def test_every_evaluation_plays_fresh_episodes():
+    from sac_spectral.train import eval_seed
+
+    seeds = {eval_seed(0, evaluation, ep) for evaluation in range(5) for ep in range(10)}
+    assert len(seeds) == 50 and eval_seed(0, 3, 1) == eval_seed(0, 3, 1)
+
+
+def test_multi_seed_run_directory_names_its_seeds(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(FAST + ["total_steps=201", "num_seeds=3", "seed=4", "eval_every=0"]) == 0
+    (rd,) = (tmp_path / "runs").iterdir()
+    assert "__s4-6__" in rd.name
+
+
+class _StopWhen:
+    """A stand-in for GracefulStop whose ``requested`` turns to SIGINT once ``condition()`` holds."""
+
+    def __init__(self, condition) -> None:
+        self.condition = condition
+
+    @property
+    def requested(self):
+        return signal.SIGINT if self.condition() else None
+
+
+def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_path, capsys):
+    from sac_spectral.config import load_config
+    from sac_spectral.train import PRIMING_CHUNK, TrainConfig, Trainer
+
+    common = FAST + ["random_steps=150", "priming.transitions=150", f"priming.updates={2 * PRIMING_CHUNK + 300}",
+                     "total_steps=400", "diagnostics.every=1000", "diagnostics.batch_size=32"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run(common + [f"run_dir={straight}"]) == 0
+    summary = json.loads((straight / "summary.json").read_text())
+    assert summary["priming_updates"] == 2 * PRIMING_CHUNK + 300
+    assert summary["updates"] == 2 * PRIMING_CHUNK + 300 + 250
+    assert {"before", "after"} <= set(summary["priming"])
+    assert "grad_rank/critic/erank" in summary["priming"]["after"]
+
+    trainer = Trainer(load_config(TrainConfig, overrides=common + [f"run_dir={split}"]))
+    trainer.open_new()
+    assert trainer.train(_StopWhen(lambda: trainer.primed >= 2 * PRIMING_CHUNK)) == 128 + signal.SIGINT
+    state = load_checkpoint(split / CHECKPOINT)
+    assert state["step"] == 150 and state["primed"] == 2 * PRIMING_CHUNK
+    assert "priming update 2000 of 2300" in capsys.readouterr().err
+    assert run(["--resume", split]) == 0
+    _assert_same_state(_params(straight), _params(split))
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["priming.updates=-1"], "priming.updates: must be >= 0"),
+        (["priming.transitions=6000", "priming.updates=10"], "priming.transitions: must be <= buffer_size (5000)"),
+        (["priming.updates=10"], "priming.transitions: must be >= 1 when priming.updates > 0"),
+    ],
+)
+def test_bad_priming_is_refused(tmp_path, capsys, args, fragment):
+    assert run(FAST + args + [f"run_dir={tmp_path / 'r'}"]) == 2
+    assert fragment in capsys.readouterr().err

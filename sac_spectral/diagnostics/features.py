@@ -10,7 +10,8 @@ leading member axis ``M`` — and every statistic is computed per member.
   ReDo uses ``τ = 0.025`` in supervised learning and ``0.1`` in RL). A layer whose units are all
   silent has every score 0.
 
-:func:`dormant_scores` is the one definition of the score; the ReDo intervention uses it too.
+:func:`normalized_scores` is the one definition of the score: :func:`dormant_scores` applies it to
+activations, the ReDo intervention to its units' mean activations.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ ACTIVATION_MODULES = (
 )
 
 
-def dormant_scores(h: Tensor) -> Tensor:
-    """ReDo scores ``[..., F]`` of activations ``h: [..., B, F]``."""
-    mean_abs = h.detach().abs().mean(dim=-2)
+def normalized_scores(mean_abs: Tensor) -> Tensor:
+    """ReDo scores ``s_i = E|h_i| / mean_j E|h_j|`` from the units' mean activations ``[..., F]``."""
     layer_mean = mean_abs.mean(dim=-1, keepdim=True)
     return mean_abs / layer_mean.clamp_min(torch.finfo(mean_abs.dtype).tiny)
+
+
+def dormant_scores(h: Tensor) -> Tensor:
+    """ReDo scores ``[..., F]`` of activations ``h: [..., B, F]``."""
+    return normalized_scores(h.detach().abs().mean(dim=-2))
 
 
 def dormant_fraction(h: Tensor, tau: float) -> Tensor:

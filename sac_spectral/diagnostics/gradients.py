@@ -18,8 +18,8 @@ eigenvalues are the squared singular values of ``G_m``. Two exact ways to form t
 - ``"func"``: ``torch.func`` — ``vmap(grad(·))`` over examples with ``functional_call``; any
   closure and parameters; chunked over examples (``chunk_size``, or sized to ``max_bytes``).
 - ``"factored"``: a ``Linear``/``BatchedLinear`` weight's per-example gradient is the outer
-  product ``a_i δ_iᵀ`` of the layer input ``a_i`` and the loss gradient ``δ_i`` at the layer
-  output, so ``⟨g_i, g_j⟩ = (a_iᵀa_j)(δ_iᵀδ_j)`` and ``K = (A Aᵀ) ∘ (Δ Δᵀ)`` (``+ Δ Δᵀ`` for the
+  product ``δ_i a_iᵀ`` of the loss gradient ``δ_i`` at the layer output and the layer input ``a_i``
+  (per member; a plain ``Linear`` is one member), so ``⟨g_i, g_j⟩ = (a_iᵀa_j)(δ_iᵀδ_j)`` and ``K = (A Aᵀ) ∘ (Δ Δᵀ)`` (``+ Δ Δᵀ`` for the
   bias): one forward and backward of the batch and ``B²(in + out)`` FLOPs per layer instead of
   ``B²·in·out``. It requires examples that do not interact (no batch statistics) and layers that
   run once per loss; a layer that runs twice, or a weight whose summed gradient differs from
@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL, singular_values_from_gram, spectrum_summary
 from sac_spectral.layers import layer_views
 from sac_spectral.nets import BatchedLinear
+from sac_spectral.reinit import member_count, members_view
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 Method = Literal["auto", "func", "factored"]
@@ -197,19 +198,18 @@ def _factored_grams(
     for i in ids:
         name, mod, leaves = layers[i]
         (inp, out), d = records[i][0], d_out[i]
-        a = inp.detach().double()
+        members = member_count(mod)
+        a = inp.detach().double().reshape(members, -1, inp.shape[-1])
         d = torch.zeros_like(out, dtype=torch.float64) if d is None else d.double()
-        if isinstance(mod, nn.Linear):
-            a, d = a.unsqueeze(0), d.unsqueeze(0)
-        if a.dim() != 3 or a.shape[1] != n:
+        d = d.reshape(members, -1, out.shape[-1])
+        if a.shape[1] != n:
             raise ValueError(f"layer '{name}' saw input of shape {tuple(inp.shape)}, not one row per example "
                              f"of the batch of {n}; use method='func'")
         dd = d @ d.transpose(1, 2)
         k = dd if "bias" in leaves else torch.zeros_like(dd)
         if i in w_grads:
-            recon = torch.einsum("mbi,mbo->mio", a, d)
-            ref = torch.zeros_like(mod.weight) if w_grads[i] is None else w_grads[i]
-            ref = (ref.t().unsqueeze(0) if isinstance(mod, nn.Linear) else ref).double()
+            recon = torch.einsum("mbi,mbo->moi", a, d)
+            ref = members_view(torch.zeros_like(mod.weight) if w_grads[i] is None else w_grads[i], mod).double()
             if not torch.allclose(recon, ref, rtol=1e-3, atol=1e-4 * float(ref.abs().amax())):
                 raise ValueError(f"the weight gradient of layer '{name}' is not the sum of per-example outer "
                                  "products (the weight is used outside the layer); use method='func'")

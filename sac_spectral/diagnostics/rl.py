@@ -1,9 +1,8 @@
 """Diagnostics of a SAC agent: its losses as per-example closures, a probe batch, the config section.
 
-- Critic: the TD loss ``ℓ_{n,c,i} = (Q_{n,c}(s_i, a_i) − y_{n,i})²`` of every critic member with the
-  soft target ``y`` from :meth:`SAC.critic_target` held fixed (computed once, no gradient).
-- Actor: ``ℓ_{n,i} = α_n log π_n(ã_i|s_i) − min_c Q_{n,c}(s_i, ã_i)`` with ``ã_i`` from
-  :meth:`SAC.policy` on fixed noise and the critics detached.
+The losses are the agent's own, :meth:`SAC.critic_losses` (TD loss of every critic member, target
+held fixed) and :meth:`SAC.actor_losses` (``α log π − min Q`` on detached critics), so the
+diagnostics differentiate exactly what the update minimizes (it takes their means).
 
 The probe batch and its noise come from generators seeded by ``derive_seed(seed, "diagnostics/<k>")``
 for the ``k``-th update count: the agent's own random streams and the global torch generator are
@@ -67,25 +66,23 @@ def probe_batch(
 
 
 def critic_td_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
-    """Closure ``(critic, probe) → [N·C, B]`` and its probe (``obs``, ``action``, ``target``; ``[N, B, ·]``)."""
-    probe = {"obs": batch["obs"], "action": batch["action"], "target": agent.critic_target(batch, noise)}
+    """Closure ``(critic, probe) → [N·C, B]``: :meth:`SAC.critic_losses` per example (next-state
+    ``noise [N, B, A]``), and its probe (the batch with the noise; ``[N, B, ·]``)."""
+    probe = {**batch, "noise": noise}
 
     def loss(critic: nn.Module, b: dict[str, Tensor]) -> Tensor:
-        q = agent.q_values(critic, b["obs"], b["action"])
-        return (q - b["target"].unsqueeze(1)).square().flatten(0, 1)
+        return agent.critic_losses(b, b["noise"])[0].flatten(0, 1)
 
     return loss, probe
 
 
 def actor_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
-    """Closure ``(actor, probe) → [N, B]`` and its probe (``obs``, ``noise``; ``[N, B, ·]``)."""
-    alpha = agent.log_alpha.detach().exp().unsqueeze(-1)
+    """Closure ``(actor, probe) → [N, B]``: :meth:`SAC.actor_losses` per example (``noise [N, B, A]``),
+    and its probe (``obs``, ``noise``; ``[N, B, ·]``)."""
     probe = {"obs": batch["obs"], "noise": noise}
 
     def loss(actor: nn.Module, b: dict[str, Tensor]) -> Tensor:
-        action, logp = agent.policy(b["obs"], b["noise"])
-        q = agent.q_values(agent.critic, b["obs"], action, detach=True).amin(dim=1)
-        return alpha * logp - q
+        return agent.actor_losses(b["obs"], b["noise"])[0]
 
     return loss, probe
 
@@ -93,12 +90,9 @@ def actor_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple[Los
 @torch.no_grad()
 def hidden_features(agent: SAC, batch: dict[str, Tensor]) -> dict[str, list[Tensor]]:
     """Post-activation hidden features ``[M, B, F]`` of actor (on ``s``) and critics (on ``s, a``)."""
-    obs = batch["obs"]
-    n, b = obs.shape[:2]
-    x = torch.cat([obs, batch["action"]], dim=-1).unsqueeze(1).expand(n, agent.num_critics, b, -1)
     return {
-        "actor": list(agent.actor(obs, return_hidden=True)[1]),
-        "critic": list(agent.critic(x.reshape(n * agent.num_critics, b, -1), return_hidden=True)[1]),
+        "actor": list(agent.actor(batch["obs"], return_hidden=True)[1]),
+        "critic": list(agent.critic(agent.critic_inputs(batch["obs"], batch["action"]), return_hidden=True)[1]),
     }
 
 

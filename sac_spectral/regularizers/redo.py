@@ -34,7 +34,8 @@ from sac_spectral.layers import checked_views
 from sac_spectral.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
-from sac_spectral.reinit import draw, member_param, zero_moments
+from sac_spectral.diagnostics.features import normalized_scores
+from sac_spectral.reinit import draw, member_count, member_param, zero_moments
 
 _WEIGHTED = (nn.Linear, nn.modules.conv._ConvNd, BatchedLinear)
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, BatchedLayerNorm)
@@ -58,22 +59,21 @@ def _norm_features(norm: nn.Module) -> int:
 
 @dataclass
 class HiddenLayer:
-    """A layer whose units ReDo recycles, and where its units' activations go."""
+    """A layer whose units ReDo recycles, and the layers its units' activations go to."""
 
     producer: nn.Module
-    consumer: nn.Module
+    consumers: list[nn.Module]
     groups: int = 1
     #: CReLU layout (unit j → features j, j+H, …) if True, flattened-channel blocks otherwise
     interleaved: bool = True
     norms: list[nn.Module] = field(default_factory=list)
 
     def feature_scores(self, x: Tensor) -> Tensor:
-        """Mean |activation| of every input feature of the consumer: ``[M, in]``."""
-        if isinstance(self.consumer, BatchedLinear):
-            return x.abs().mean(dim=1)
-        if isinstance(self.consumer, nn.modules.conv._ConvNd):
+        """Mean |activation| of every input feature of the consumers, ``x`` being their input: ``[M, in]``."""
+        consumer = self.consumers[0]
+        if isinstance(consumer, nn.modules.conv._ConvNd):
             return x.abs().transpose(0, 1).flatten(1).mean(dim=1).unsqueeze(0)
-        return x.abs().reshape(-1, x.shape[-1]).mean(dim=0).unsqueeze(0)
+        return x.abs().reshape(member_count(consumer), -1, x.shape[-1]).mean(dim=1)
 
     def unit_scores(self, feats: Tensor) -> Tensor:
         """Per-unit mean over its features: ``[M, H]``."""
@@ -93,9 +93,10 @@ def hidden_layers(module: nn.Module) -> list[HiddenLayer]:
     """The hidden layers of a BatchedMLP or an nn.Sequential, in order; ``ValueError`` otherwise."""
     if isinstance(module, BatchedMLP):
         norms = list(module.norms) if module.norms is not None else []
+        consumers = [[layer] for layer in module.layers[1:]] + [list(module.heads)]
         return [
-            HiddenLayer(layer, nxt, _inputs(nxt) // _units(layer), True, [norms[i]] if norms else [])
-            for i, (layer, nxt) in enumerate(zip(module.layers[:-1], module.layers[1:]))
+            HiddenLayer(layer, nxt, _inputs(nxt[0]) // _units(layer), True, [norms[i]] if norms else [])
+            for i, (layer, nxt) in enumerate(zip(module.layers, consumers))
         ]
     containers = [type(m).__name__ for m in module.modules() if next(m.children(), None) is not None
                   and not isinstance(m, nn.Sequential)]
@@ -113,7 +114,7 @@ def hidden_layers(module: nn.Module) -> list[HiddenLayer]:
                 flattened = isinstance(producer, nn.modules.conv._ConvNd) and not isinstance(leaf, nn.modules.conv._ConvNd)
                 if fin != h and not (flattened and fin % h == 0):
                     raise ValueError(f"redo cannot map the {h} units before '{name}' to its {fin} inputs")
-                out.append(HiddenLayer(producer, leaf, fin // h, fin == h, norms))
+                out.append(HiddenLayer(producer, [leaf], fin // h, fin == h, norms))
             producer, norms = leaf, []
         elif isinstance(leaf, _NORMS) and producer is not None and getattr(leaf, "weight", None) is not None:
             if _norm_features(leaf) != _units(producer):
@@ -127,10 +128,6 @@ def _unit_mask(param: Tensor, layer: nn.Module, units: Tensor, axis: int) -> Ten
     shape = [1] * member_param(param, layer, 0).dim()
     shape[axis] = -1
     return units.view(shape).expand_as(member_param(param, layer, 0))
-
-
-def _member(module: nn.Module, m: int) -> int | None:
-    return m if hasattr(module, "members") else None
 
 
 @register
@@ -160,7 +157,7 @@ class ReDo(Regularizer):
             raise RuntimeError("redo: call set_probe(fn) first; fn() returns a batch of the network's inputs")
         feats: dict[int, Tensor] = {}
         hooks = [
-            layer.consumer.register_forward_pre_hook(
+            layer.consumers[0].register_forward_pre_hook(
                 lambda mod, args, i=i: feats.__setitem__(i, self.layers[i].feature_scores(args[0]))
             )
             for i, layer in enumerate(self.layers)
@@ -173,11 +170,7 @@ class ReDo(Regularizer):
             self.module.train(training)
             for hook in hooks:
                 hook.remove()
-        out = []
-        for i, layer in enumerate(self.layers):
-            s = layer.unit_scores(feats[i])
-            out.append(s / (s.mean(dim=1, keepdim=True) + 1e-9))
-        return out
+        return [normalized_scores(layer.unit_scores(feats[i])) for i, layer in enumerate(self.layers)]
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:
@@ -194,20 +187,22 @@ class ReDo(Regularizer):
         self.state["recycled"].add_(counts)
 
     def _recycle(self, layer: HiddenLayer, m: int, units: Tensor, optimizer: torch.optim.Optimizer) -> None:
-        """Re-draw the incoming side of ``units`` of member ``m`` and zero their outgoing weights."""
+        """Re-draw the incoming side of ``units`` of member ``m`` and zero their outgoing weights.
+
+        A member's slice of every parameter is shaped as in a plain torch layer, so a unit is axis 0
+        of the producer's weight, bias, gain and shift, and axis 1 of a consumer's weight."""
         for mod in (layer.producer, *layer.norms):
-            axis = -1 if hasattr(mod, "members") else 0  # the unit axis of weight, bias, gain, shift
             for param, fresh in zip((mod.weight, getattr(mod, "bias", None)), draw(mod, self.generators[m])):
                 if param is None or fresh is None:
                     continue
-                mask = _unit_mask(param, mod, units, axis)
+                mask = _unit_mask(param, mod, units, 0)
                 target = member_param(param, mod, m)
                 target.copy_(torch.where(mask, fresh.to(target), target))
-                zero_moments(optimizer, param, mask, _member(mod, m))
-        consumer = layer.consumer
-        mask = _unit_mask(consumer.weight, consumer, layer.feature_mask(units), 0 if hasattr(consumer, "members") else 1)
-        member_param(consumer.weight, consumer, m).masked_fill_(mask, 0.0)
-        zero_moments(optimizer, consumer.weight, mask, _member(consumer, m))
+                zero_moments(optimizer, mod, param, mask, m)
+        for consumer in layer.consumers:
+            mask = _unit_mask(consumer.weight, consumer, layer.feature_mask(units), 1)
+            member_param(consumer.weight, consumer, m).masked_fill_(mask, 0.0)
+            zero_moments(optimizer, consumer, consumer.weight, mask, m)
 
     def metrics(self) -> dict[str, Tensor]:
         return {"dormant_fraction": self.state["dormant_fraction"], "recycled": self.state["recycled"]}

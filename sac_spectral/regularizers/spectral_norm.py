@@ -77,13 +77,21 @@ class SpectralNorm(Regularizer):
             self.state["sigma_before"][i].copy_(sigma)
 
     def _sigma_max(self, w: Tensor, u: Tensor, v: Tensor) -> Tensor:
-        """Power iteration from the persistent ``u, v`` until σ̂ stops rising (per member)."""
+        """Power iteration from the persistent ``u, v`` until σ̂ stops rising, per member: a member
+        that has converged keeps its vectors while the others iterate on, so its result never
+        depends on the other members."""
         sigma = power_step(w, u, v)
+        done = torch.zeros_like(sigma, dtype=torch.bool)
         for _ in range(self.max_iters - 1):
+            before = u.clone(), v.clone()
             new = power_step(w, u, v)
-            if bool(torch.all(new - sigma <= self.tol * new)):
-                return new
-            sigma = new
+            for vec, old in zip((u, v), before):
+                vec.copy_(torch.where(done.unsqueeze(1), old, vec))
+            converged = new - sigma <= self.tol * new
+            sigma = torch.where(done, sigma, new)
+            done |= converged
+            if bool(done.all()):
+                break
         return sigma
 
     def metrics(self) -> dict[str, Tensor]:
