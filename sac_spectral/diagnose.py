@@ -23,7 +23,7 @@ from sac_spectral.diagnostics import Report
 from sac_spectral.diagnostics.rl import probe_batch, sac_diagnostics
 from sac_spectral.runs import CHECKPOINT, CONFIG_FILE, load_checkpoint, run_cli, write_json
 from sac_spectral.seeding import SeedStreams
-from sac_spectral.train import TrainConfig
+from sac_spectral.train import TrainConfig, check_format
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
@@ -33,6 +33,7 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
     cfg = merge_sources(TrainConfig, read_yaml(run_dir / CONFIG_FILE))
     cfg.device = "cpu"
     state = load_checkpoint(run_dir / CHECKPOINT)
+    check_format(state)
     data = state["buffer"]["data"]
     obs_dim, act_dim = data["obs"].shape[-1], data["action"].shape[-1]
     seeds = [cfg.seed + i for i in range(cfg.num_seeds)]

@@ -53,6 +53,8 @@ RESET_CHOICES = ("all", "last_layers")
 #: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
 #: request and checkpoints (every ``PRIMING_CHECKPOINT`` updates) act between chunks
 PRIMING_CHUNK = 1000
+#: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming
+CHECKPOINT_FORMAT = 2
 PRIMING_CHECKPOINT = 10_000
 
 
@@ -119,6 +121,15 @@ class TrainConfig(SACConfig):
             self.device == "cpu" or (self.device.startswith("cuda") and torch.cuda.is_available()),
             "device",
             f"'{self.device}' is not available here; valid: cpu" + (", cuda" if torch.cuda.is_available() else ""),
+        )
+
+
+def check_format(state: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another layout with a one-line error."""
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(
+            f"this checkpoint has format {state.get('format')}, this version reads format {CHECKPOINT_FORMAT} "
+            "(format 1 predates the nn.Linear weight layout and the actor's separate heads); start a new run"
         )
 
 
@@ -230,7 +241,7 @@ class Trainer:
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         return {
-            "format": 2,
+            "format": CHECKPOINT_FORMAT,
             "step": self.step,
             "primed": self.primed,
             "diagnosed": self.diagnosed,
@@ -247,6 +258,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_format(state)
         self.step, self.primed, self.diagnosed = int(state["step"]), int(state["primed"]), int(state["diagnosed"])
         self.last_reset = int(state["last_reset"])
         self.agent.load_full_state_dict(state["agent"])

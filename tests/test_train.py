@@ -251,3 +251,14 @@ def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_
 def test_bad_priming_is_refused(tmp_path, capsys, args, fragment):
     assert run(FAST + args + [f"run_dir={tmp_path / 'r'}"]) == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_the_old_layout_is_refused_in_one_line(tmp_path, capsys):
+    rd = tmp_path / "run"
+    assert run(FAST + ["total_steps=210", f"run_dir={rd}"]) == 0
+    state = load_checkpoint(rd / CHECKPOINT)
+    state["format"] = 1
+    torch.save(state, rd / CHECKPOINT)
+    assert run(["--resume", rd, "total_steps=300"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: this checkpoint has format 1") and "start a new run" in err
