@@ -1,18 +1,25 @@
-"""Uniform replay buffer on a preallocated ``TensorDict`` of shape ``[num_seeds, capacity]``.
+"""Uniform replay buffer: preallocated tensors ``[num_seeds, capacity, ...]``, one per field.
 
 All seeds of a run step together, so they share the write pointer; each seed samples its own
 indices from its own generator. Transitions hold ``obs``, ``action``, ``reward``, ``next_obs`` and
 ``terminated`` (float 0/1: 1 only at a true task end, never at a time-limit truncation).
+``add`` takes tensors or NumPy arrays; on the CPU it writes through NumPy views of the storage
+(one env step's five small writes cost microseconds, not tensor-indexing dispatches).
+``sample`` returns a ``TensorDict``; ``tensordict`` is imported only then (it pulls in
+``torch._dynamo``, seconds of start-up that the training loop does not need).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
-from tensordict import TensorDict
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 KEYS = ("obs", "action", "reward", "next_obs", "terminated")
 
@@ -32,33 +39,33 @@ class ReplayBuffer:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         n = num_seeds
         self.capacity, self.num_seeds = capacity, num_seeds
-        self.storage = TensorDict(
-            {
-                "obs": torch.zeros(n, capacity, obs_dim),
-                "action": torch.zeros(n, capacity, act_dim),
-                "reward": torch.zeros(n, capacity),
-                "next_obs": torch.zeros(n, capacity, obs_dim),
-                "terminated": torch.zeros(n, capacity),
-            },
-            batch_size=[n, capacity],
-            device=device,
-        )
-        self._data: dict[str, Tensor] = {k: self.storage.get(k) for k in KEYS}
+        self.device = torch.device(device)
+        shapes = {"obs": (obs_dim,), "action": (act_dim,), "reward": (), "next_obs": (obs_dim,), "terminated": ()}
+        #: field → ``[num_seeds, capacity, ...]`` tensor
+        self.storage: dict[str, Tensor] = {k: torch.zeros(n, capacity, *shapes[k], device=self.device) for k in KEYS}
+        self._numpy = [v.numpy() for v in self.storage.values()] if self.device.type == "cpu" else None
         self.ptr = 0
         self.size = 0
-
-    @property
-    def device(self) -> torch.device:
-        return self.storage.device
 
     def __len__(self) -> int:
         return self.size
 
-    def add(self, obs: Tensor, action: Tensor, reward: Tensor, next_obs: Tensor, terminated: Tensor) -> None:
-        """Append one transition per seed (leading dimension ``num_seeds``)."""
+    def add(
+        self,
+        obs: Tensor | np.ndarray,
+        action: Tensor | np.ndarray,
+        reward: Tensor | np.ndarray,
+        next_obs: Tensor | np.ndarray,
+        terminated: Tensor | np.ndarray,
+    ) -> None:
+        """Append one transition per seed (leading dimension ``num_seeds``), cast to float32."""
         values = (obs, action, reward, next_obs, terminated)
-        for key, value in zip(KEYS, values):
-            self._data[key][:, self.ptr] = value
+        if self._numpy is not None:
+            for array, value in zip(self._numpy, values):
+                array[:, self.ptr] = value.numpy(force=True) if isinstance(value, Tensor) else value
+        else:
+            for key, value in zip(KEYS, values):
+                self.storage[key][:, self.ptr] = torch.as_tensor(value, dtype=torch.float32)
         self.ptr = (self.ptr + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
@@ -73,10 +80,12 @@ class ReplayBuffer:
     def gather(self, idx: Tensor) -> dict[str, Tensor]:
         """Transitions at ``idx: [num_seeds, *shape]`` → each ``[num_seeds, *shape, ...]``."""
         rows = torch.arange(self.num_seeds, device=idx.device).view(-1, *([1] * (idx.dim() - 1)))
-        return {k: v[rows, idx] for k, v in self._data.items()}
+        return {k: v[rows, idx] for k, v in self.storage.items()}
 
     def sample(self, generators: Sequence[torch.Generator], batch_size: int) -> TensorDict:
         """A ``[num_seeds, batch_size]`` TensorDict of uniformly drawn transitions."""
+        from tensordict import TensorDict
+
         batch = self.gather(self.sample_indices(generators, (batch_size,)))
         return TensorDict(batch, batch_size=[self.num_seeds, batch_size], device=self.device)
 
@@ -85,14 +94,14 @@ class ReplayBuffer:
             "ptr": self.ptr,
             "size": self.size,
             "capacity": self.capacity,
-            "data": {k: v[:, : self.size].clone() for k, v in self._data.items()},
+            "data": {k: v[:, : self.size].clone() for k, v in self.storage.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["capacity"] != self.capacity:
             raise ValueError(f"checkpoint buffer capacity {state['capacity']} differs from {self.capacity}")
         for k, v in state["data"].items():
-            if v.shape[0] != self.num_seeds or v.shape[2:] != self._data[k].shape[2:]:
+            if v.shape[0] != self.num_seeds or v.shape[2:] != self.storage[k].shape[2:]:
                 raise ValueError(f"checkpoint buffer '{k}' has shape {tuple(v.shape)}, expected [{self.num_seeds}, n, ...]")
-            self._data[k][:, : v.shape[1]] = v.to(self.device)
+            self.storage[k][:, : v.shape[1]] = v.to(self.device)
         self.ptr, self.size = int(state["ptr"]), int(state["size"])

@@ -36,6 +36,7 @@ from sac_spectral.runs import (
     run_cli,
     runner_main,
     save_checkpoint,
+    set_torch_threads,
     write_json,
 )
 from sac_spectral.seeding import derive_seed
@@ -165,7 +166,7 @@ class ContinualConfig:
     run_dir: str | None = option(None, "run directory (default: runs/continual/<dataset>-<stream>__<regularizers>__s<seed>__<time>)")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     dtype: str = option("float32", "parameter and input precision: float32 | float64")
-    threads: int = option(0, "torch CPU threads (0 = torch's default)")
+    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start)")
     progress: bool = option(True, "show a progress bar")
 
     def validate(self) -> None:
@@ -201,8 +202,7 @@ class ContinualRunner:
 
     def __init__(self, cfg: ContinualConfig) -> None:
         self.cfg = cfg
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        set_torch_threads(cfg.threads)
         self.device, self.dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
         s = cfg.stream
         self.dataset = None

@@ -40,6 +40,7 @@ from sac_spectral.runs import (
     run_cli,
     runner_main,
     save_checkpoint,
+    set_torch_threads,
     write_json,
 )
 from sac_spectral.seeding import SeedStreams, derive_seed
@@ -98,7 +99,7 @@ class TrainConfig(SACConfig):
     checkpoint_every: int = option(25_000, "checkpoint every N env steps (0 = only at the end)")
     run_dir: str | None = option(None, "run directory (default: runs/<env>__<tag>__s<seed>__<time>)")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
-    threads: int = option(0, "torch CPU threads (0 = torch's default)")
+    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start)")
     progress: bool = option(True, "show a progress bar")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
@@ -178,8 +179,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        set_torch_threads(cfg.threads)
         self.device = torch.device(cfg.device)
         self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
         try:

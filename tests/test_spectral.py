@@ -1,6 +1,7 @@
 import pytest
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 from sac_spectral.nets import BatchedMLP
 from sac_spectral.regularizers import Spectral, build_regularizers
@@ -101,3 +102,149 @@ def test_state_roundtrip_restores_power_vectors():
 def test_bad_hyperparameters_are_rejected(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         build_regularizers(nn.Linear(2, 2), [{"name": "spectral", **kw}])
+
+
+def _formula_with_fixed_vectors(reg, model, coef, k):
+    """coef·Σ[(uᵀWv)^k − 1)² + ‖b‖^{2k}] over layers and members with the regularizer's current
+    u, v held fixed, differentiated by autograd (the independent reference)."""
+    total = 0.0
+    for i, view in enumerate(reg.views):
+        w, b = view.weight(), view.bias()
+        u, v = reg.state[f"u{i}"], reg.state[f"v{i}"]
+        sigma = torch.einsum("mi,mij,mj->m", u, w, v)
+        total = total + ((sigma ** k - 1.0) ** 2).sum()
+        if b is not None:
+            total = total + (b.square().sum(dim=1) ** k).sum()
+    return coef * total
+
+
+_FORMULA_MODELS = {
+    "linear": lambda: nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6), nn.Linear(6, 3)),
+    "member-batched": lambda: BatchedMLP(3, 5, [6, 6, 6], 2, init="torch"),
+    "conv": lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 2 * 2, 2)),
+}
+
+
+@pytest.mark.parametrize("k", [1.0, 2.0, 3.0])
+@pytest.mark.parametrize("name", sorted(_FORMULA_MODELS))
+def test_gradient_equals_autograd_of_the_formula_with_u_v_fixed(name, k):
+    torch.manual_seed(1)
+    model = _FORMULA_MODELS[name]().double()
+    for p in model.parameters():  # nonzero biases, so their term and gradient count
+        p.data.add_(0.1 * torch.randn_like(p))
+    reg = Spectral(model, coef=0.7, k=k, power_iters=2)
+    pen = reg.penalty()  # one power step: the vectors below are this call's
+    pen.backward()
+    ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref = _formula_with_fixed_vectors(reg, model, 0.7, k)
+    ref.backward()
+    torch.testing.assert_close(pen, ref, rtol=1e-10, atol=1e-12)
+    for got, want in zip(ours, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_gradient_matches_finite_differences_of_the_formula():
+    torch.manual_seed(2)
+    model = BatchedMLP(2, 4, [5, 5], 3, init="torch").double()
+    reg = Spectral(model, coef=0.5, k=2.0)
+    reg.penalty().backward()
+    eps = 1e-6
+    for p in model.parameters():
+        flat = p.data.view(-1)
+        for idx in range(0, flat.numel(), 4):
+            orig = flat[idx].item()
+            flat[idx] = orig + eps
+            up = _formula_with_fixed_vectors(reg, model, 0.5, 2.0).item()
+            flat[idx] = orig - eps
+            down = _formula_with_fixed_vectors(reg, model, 0.5, 2.0).item()
+            flat[idx] = orig
+            assert p.grad.view(-1)[idx].item() == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-9)
+
+
+def test_autograd_semantics_retain_graph_accumulation_scaling_and_a_larger_loss():
+    torch.manual_seed(3)
+    model = BatchedMLP(2, 4, [8, 8], 2, init="torch")
+    reg = Spectral(model, coef=0.3)
+    x = torch.randn(2, 5, 4)
+    pen = reg.penalty()
+    pen.backward(retain_graph=True)
+    once = [p.grad.clone() for p in model.parameters()]
+    pen.backward(retain_graph=True)  # the same graph again: the gradients accumulate
+    for p, g in zip(model.parameters(), once):
+        torch.testing.assert_close(p.grad, 2 * g)
+    model.zero_grad()
+    (3.0 * pen).backward(retain_graph=True)
+    for p, g in zip(model.parameters(), once):
+        torch.testing.assert_close(p.grad, 3 * g)
+    model.zero_grad()
+    task = model(x).square().mean()
+    task.backward(retain_graph=True)
+    task_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    (task + pen).backward()
+    for p, g, t in zip(model.parameters(), once, task_grads):
+        torch.testing.assert_close(p.grad, g + t)
+
+
+def test_double_backward_raises_clearly():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    pen = Spectral(model, coef=1.0).penalty()
+    with pytest.raises(RuntimeError, match="cannot be differentiated again"):
+        torch.autograd.grad(pen, list(model.parameters()), create_graph=True)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_power_step_gives_each_member_the_same_bits_for_any_member_count(threads):
+    from sac_spectral.regularizers.spectral import power_step
+
+    torch.manual_seed(4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows, cols in [(256, 256), (23, 256), (256, 23), (256, 1), (20, 7)]:
+            w = torch.randn(5, rows, cols)
+            u, v = F.normalize(torch.randn(5, rows), dim=1), torch.zeros(5, cols)
+            singles = [(u[m : m + 1].clone(), v[m : m + 1].clone()) for m in range(5)]
+            sigma = power_step(w, u, v, 3)
+            for m, (um, vm) in enumerate(singles):
+                assert torch.equal(power_step(w[m : m + 1], um, vm, 3), sigma[m : m + 1])
+                assert torch.equal(um, u[m : m + 1]) and torch.equal(vm, v[m : m + 1])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_member_gradients_and_vectors_do_not_depend_on_the_member_count():
+    torch.manual_seed(5)
+    multi = BatchedMLP(3, 6, [16, 16, 16], 2, init="torch")
+    singles = [BatchedMLP(1, 6, [16, 16, 16], 2, init="torch") for _ in range(3)]
+    with torch.no_grad():
+        for m, single in enumerate(singles):
+            for ps, pm in zip(single.parameters(), multi.parameters()):
+                ps.copy_(pm[m : m + 1])
+    reg_multi = Spectral(multi, coef=0.2)
+    reg_singles = [Spectral(s, coef=0.2) for s in singles]
+    for _ in range(3):
+        reg_multi.penalty().backward()
+        for reg in reg_singles:
+            reg.penalty().backward()
+    for m, (single, reg) in enumerate(zip(singles, reg_singles)):
+        for ps, pm in zip(single.parameters(), multi.parameters()):
+            assert torch.equal(ps.grad, pm.grad[m : m + 1])
+        for key, value in reg.state.items():
+            assert torch.equal(value, reg_multi.state[key][m : m + 1]), key
+
+
+def test_same_shape_layers_are_power_iterated_as_one_batch_with_the_per_layer_result():
+    from sac_spectral.regularizers.spectral import power_step
+
+    torch.manual_seed(6)
+    model = BatchedMLP(2, 5, [12, 12, 12], 3, init="torch")  # two 12×12 hidden layers
+    reg = Spectral(model, coef=0.1)
+    assert len(reg._plan.groups) == 3 < len(reg.views)
+    expected = {key: value.clone() for key, value in reg.state.items()}
+    reg.penalty()
+    for i, view in enumerate(reg.views):
+        u, v = expected[f"u{i}"], expected[f"v{i}"]
+        power_step(view.weight().detach(), u, v)
+        assert torch.equal(reg.state[f"u{i}"], u) and torch.equal(reg.state[f"v{i}"], v)

@@ -11,12 +11,16 @@ members; each member's gradient is its own penalty's.
 
 ``mode=max``: σ_max comes from power iteration with persistent vectors ``u, v`` (one step per
 ``penalty()`` call, no gradient through ``u, v``): ``v ← Wᵀu/‖Wᵀu‖``, ``u ← Wv/‖Wv‖``,
-``σ̂ = uᵀWv = ‖Wv‖``, differentiated with respect to ``W`` only: ∂σ̂/∂W = u vᵀ. The gradient is
-formed analytically in the forward pass (one autograd node for all layers), which keeps the cost
-to a few memory-bound ops per layer. ``mode=all`` pulls every singular value toward 1 (exact
-``torch.linalg.svdvals``, differentiated by autograd; ∂σ_j/∂W = u_j v_jᵀ): the deep-linear
-sequence of PAPERS.md §5 needs all of them, σ_max alone is not enough. It costs one batched SVD
-per layer and update. Conv kernels are reshaped to ``[out, in·kh·kw]``.
+``σ̂ = uᵀWv = ‖Wv‖``, differentiated with respect to ``W`` only: ∂σ̂/∂W = u vᵀ. One autograd
+function covers all layers: its forward runs the power steps of all layers (layers of one shape,
+such as the hidden layers of a deeper MLP, as one batched product) and every per-layer,
+per-member scalar as one tensor; its backward returns the rank-one gradients
+``2·coef·k(σ̂^k − 1)σ̂^{k−1}·u vᵀ`` and ``2·coef·k‖b‖^{2(k−1)}·b``. The cost is a few dozen small
+ops per network whatever its depth, plus writing one gradient per parameter. ``mode=all`` pulls
+every singular value toward 1 (exact ``torch.linalg.svdvals``, differentiated by autograd;
+∂σ_j/∂W = u_j v_jᵀ): the deep-linear sequence of PAPERS.md §5 needs all of them, σ_max alone is
+not enough. It costs one batched SVD per layer and update. Conv kernels are reshaped to
+``[out, in·kh·kw]``. The power step gives each member the same bits for any number of members.
 
 Defaults: ``coef=1e-4``, ``k=2``, ``mode="max"``, ``layers="all"`` (the paper regularizes every
 layer; ``"hidden"`` skips the output layer), ``power_iters=1``, ``seed=0`` (initial ``u``).
@@ -24,6 +28,8 @@ layer; ``"hidden"`` skips the output layer), ``power_iters=1``, ``seed=0`` (init
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,57 +41,194 @@ from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
 _WARMUP_ITERS = 20
+_EPS = 1e-12
 MODES = ("max", "all")
+
+
+def _step(
+    ws: Sequence[Tensor], u_rows: Sequence[Tensor], tails: Sequence[Tensor] = (), ones: Tensor | None = None
+) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
+    """One power step on each ``w [B, rows, cols]`` of ``ws`` from ``u [B, 1, rows]``, out of place:
+    ``v′ = uᵀW``, ``u′ = v′ᵀWᵀ`` (row-vector products), then ``û = u′/‖u′‖``, ``v̂ = v′/‖v′‖``.
+
+    The norms of all matrices, and of the extra ``[B, 1, n]`` tensors ``tails``, are computed into
+    one tensor ``N = [‖u′‖…, ‖tail‖…, ‖v′‖…, ones]`` (``ones`` pads it to an even length) and
+    clamped together (``C``), so that ``N[:K] / C[K:]`` (``K = len(N) // 2``) is
+    ``[σ̂ = ‖u′‖/‖v′‖ = ‖W v̂‖ …, ‖tail‖ …]``. Returns ``N, C`` and the new ``û``, ``v̂`` lists."""
+    vs = [torch.bmm(u, w) for u, w in zip(u_rows, ws)]
+    us = [torch.bmm(v, w.transpose(1, 2)) for v, w in zip(vs, ws)]
+    parts = [*us, *tails, *vs]
+    norms = [torch.linalg.vector_norm(x, dim=2, keepdim=True) for x in parts]
+    if ones is not None:
+        norms.append(ones)
+    full = torch.cat(norms)
+    clamped = full.clamp_min(_EPS)
+    pieces = clamped.split([x.shape[0] for x in norms])
+    count, skip = len(us), len(us) + len(tails)
+    if us:
+        torch._foreach_div_(us + vs, [*pieces[:count], *pieces[skip : skip + count]])
+    return full, clamped, us, vs
+
+
+def _power(
+    ws: Sequence[Tensor], u_rows: Sequence[Tensor], iters: int, tails: Sequence[Tensor] = (), ones: Tensor | None = None
+) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    """``iters`` power steps (:func:`_step`); returns ``[σ̂…, ‖tail‖…]`` as ``[K, 1, 1]`` and the
+    new ``û``, ``v̂`` of every matrix.
+
+    On the CPU it runs on one thread: each product is then the same kernel call for every matrix
+    whatever the batch size, so a member gets the same bits for any number of members (with
+    several threads a lone matrix-vector product is split across threads and rounds differently
+    from a batch of them); the ops are too small to gain from threads anyway."""
+    threads = torch.get_num_threads()
+    single = threads > 1 and (ws or tails)[0].device.type == "cpu"
+    if single:
+        torch.set_num_threads(1)
+    try:
+        for _ in range(iters - 1):
+            _, _, u_rows, _ = _step(ws, u_rows)
+        full, clamped, us, vs = _step(ws, u_rows, tails, ones)
+    finally:
+        if single:
+            torch.set_num_threads(threads)
+    half = full.shape[0] // 2
+    return full[:half] / clamped[half:], us, vs
 
 
 @torch.no_grad()
 def power_step(w: Tensor, u: Tensor, v: Tensor, iters: int = 1) -> Tensor:
     """``iters`` in-place power-iteration steps on ``u [M, rows]``, ``v [M, cols]`` for
-    ``w [M, rows, cols]``; returns the estimate ``σ̂ = ‖W v‖ = uᵀ W v``, shape ``[M]``."""
-    u3, v3 = u.unsqueeze(1), v.unsqueeze(2)  # views: [M, 1, rows], [M, cols, 1]
-    for _ in range(iters):
-        torch.bmm(u3, w, out=v3.transpose(1, 2))
-        v3.div_(torch.linalg.vector_norm(v3, dim=1, keepdim=True).clamp_min_(1e-12))
-        torch.bmm(v3.transpose(1, 2), w.transpose(1, 2), out=u3)  # row form: same bits for any M
-        sigma = torch.linalg.vector_norm(u3, dim=2)
-        u3.div_(sigma.clamp_min(1e-12).unsqueeze(2))
-    return sigma.squeeze(1)
+    ``w [M, rows, cols]``: ``v ← Wᵀu/‖Wᵀu‖``, ``u ← Wv/‖Wv‖``; returns ``σ̂ = ‖W v‖ = uᵀ W v``, ``[M]``.
+    Member ``m``'s result has the same bits for any ``M``."""
+    sigma, (u_new,), (v_new,) = _power([w], [u.unsqueeze(1)], iters)
+    u.copy_(u_new.squeeze(1))
+    v.copy_(v_new.squeeze(1))
+    return sigma.view(-1)
 
 
-class _MatrixPenalty(torch.autograd.Function):
-    """``coef·Σ_l Σ_m [(σ̂_l^k − 1)² + ‖b_l‖^{2k}]`` with the analytic gradient (u, v held fixed).
+@dataclass(eq=False)
+class _Group:
+    """The weight matrices of one shape ``[M, rows, cols]``, power-iterated as one batch of ``G·M``.
 
-    The per-member scalars of all layers are computed together; backward writes each weight
-    gradient once, as the rank-one ``(grad_out·scale·u) vᵀ``."""
+    ``u [G·M, rows]`` and ``v [G·M, cols]`` hold the vectors of all its layers (layer ``j``'s are
+    rows ``j·M … (j+1)·M − 1``; the regularizer's state holds views of them)."""
+
+    modules: list[nn.Module]
+    matrix: tuple[int, int, int]
+    u: Tensor
+    v: Tensor
+
+    def __post_init__(self) -> None:
+        self.shapes = [m.weight.shape for m in self.modules]  # parameter shapes, for the gradients
+        self.plain = len(self.modules) == 1 and self.shapes[0] == self.matrix
+
+    def stacked(self, weights: Sequence[Tensor]) -> Tensor:
+        """The group's matrices as one ``[G·M, rows, cols]`` tensor (a copy only when ``G > 1``)."""
+        if self.plain:
+            return weights[0]
+        if len(weights) == 1:
+            return weights[0].view(self.matrix)
+        m, rows, cols = self.matrix
+        return torch.stack(list(weights)).view(len(weights) * m, rows, cols)
+
+    def gradients(self, full: Tensor) -> list[Tensor]:
+        """Split ``[G·M, rows, cols]`` into each layer's gradient in its parameter's shape."""
+        if self.plain:
+            return [full]
+        return [part.view(shape) for part, shape in zip(full.split(self.matrix[0]), self.shapes)]
+
+
+class _Plan:
+    """What a penalty call needs, fixed at construction: the groups of weight matrices, the bias
+    layers, and the constants of the per-entry formula over ``x = [σ̂ per matrix…, ‖b‖ per bias…]``
+    (one entry per layer and member): ``R = Σ (x^k − t)²`` with ``t = 1`` for a weight and 0 for a
+    bias (``(‖b‖^k)²``), and the gradient scale ``2k(x^k − t)·x^{k−1}`` (weights, times ``u vᵀ``)
+    or ``2k‖b‖^{2(k−1)}`` (biases, times ``b``)."""
+
+    def __init__(
+        self, coef: float, k: float, iters: int, members: int, groups: list[_Group], bias_modules: list[nn.Module]
+    ) -> None:
+        self.coef, self.k, self.iters, self.members = coef, k, iters, members
+        self.groups, self.bias_modules = groups, bias_modules
+        self.sizes = [len(g.modules) for g in groups]
+        self.num_weights = sum(self.sizes)
+        self.u_rows = [g.u.unsqueeze(1) for g in groups]
+        self.vectors = self.u_rows + [g.v.unsqueeze(1) for g in groups]
+        ref = groups[0].u if groups else bias_modules[0].bias
+        kw = {"dtype": ref.dtype, "device": ref.device}
+        m, lw, lb = members, self.num_weights * members, len(bias_modules) * members
+        self.bias_views = [b.dim() == 3 and b.shape[:2] == (m, 1) for b in (mod.bias for mod in bias_modules)]
+        self.bias_scale_shapes = [(m,) + (1,) * (mod.bias.dim() - 1) for mod in bias_modules]
+        self.ones = torch.ones(lb, 1, 1, **kw) if lb else None
+        self.weight_entries = lw
+        self.grad_sizes = [size * m for size in self.sizes] + [m] * len(bias_modules)
+        self.target = torch.cat([torch.ones(lw, 1, 1, **kw), torch.zeros(lb, 1, 1, **kw)])
+        two_ck = 2.0 * coef * k
+        is_weight = torch.cat([torch.ones(lw, 1, 1, **kw), torch.zeros(lb, 1, 1, **kw)])
+        self.factor_weight, self.factor_bias = is_weight * two_ck, (1.0 - is_weight) * two_ck
+
+    def params(self) -> list[Tensor]:
+        """Weights in group order, then biases, read from the modules at every call."""
+        return [m.weight for g in self.groups for m in g.modules] + [m.bias for m in self.bias_modules]
+
+    def stacked(self, weights: Sequence[Tensor]) -> list[Tensor]:
+        out, start = [], 0
+        for g, size in zip(self.groups, self.sizes):
+            out.append(g.stacked(weights[start : start + size]))
+            start += size
+        return out
+
+    def bias_rows(self, biases: Sequence[Tensor]) -> list[Tensor]:
+        """Each bias as ``[M, 1, n]``."""
+        m = self.members
+        return [b if ok else b.view(m, 1, -1) for b, ok in zip(biases, self.bias_views)]
+
+
+class _SpectralPenalty(torch.autograd.Function):
+    """``coef·Σ_l Σ_m [(σ̂_lm^k − 1)² + ‖b_lm‖^{2k}]`` for the plan's weights and biases.
+
+    Forward runs one power step for every weight (updating the plan's ``u, v`` in place) and
+    computes every per-member scalar of all layers as one tensor; backward returns each weight's
+    rank-one gradient ``2·coef·k(σ̂^k − 1)σ̂^{k−1}·u vᵀ`` (``u, v`` of this call, held fixed) and
+    each bias's ``2·coef·k‖b‖^{2(k−1)}·b``. Differentiable once: ``create_graph=True`` raises."""
 
     @staticmethod
-    def forward(ctx: Any, spec: tuple[float, float, list[tuple[Tensor, Tensor, int]], int], *tensors: Tensor) -> Tensor:
-        coef, k, vectors, n = spec
-        weights, biases = tensors[:n], tensors[n:]
-        total = tensors[0].new_zeros(())
-        w_scale = b_scale = total
-        if weights:
-            sigma = torch.stack([power_step(w, u, v, iters) for w, (u, v, iters) in zip(weights, vectors)])
-            sk = sigma.square() if k == 2.0 else sigma.pow(k)
-            total = (sk - 1.0).square().sum()
-            w_scale = (2.0 * coef * k) * (sk - 1.0) * (sigma if k == 2.0 else sigma.pow(k - 1.0))
-        if biases:
-            sq = torch.stack([b.square().sum(dim=1) for b in biases])
-            total = total + (sq.square() if k == 2.0 else sq.pow(k)).sum()
-            b_scale = (2.0 * coef * k) * (sq if k == 2.0 else sq.clamp_min(1e-30).pow(k - 1.0))
-        ctx.n = n
-        ctx.save_for_backward(w_scale, b_scale, *(t.clone() for u, v, _ in vectors for t in (u, v)), *biases)
-        return coef * total
+    def forward(ctx: Any, plan: _Plan, *params: Tensor) -> Tensor:
+        coef, k, n = plan.coef, plan.k, plan.num_weights
+        weights, biases = params[:n], params[n:]
+        x, us, vs = _power(plan.stacked(weights), plan.u_rows, plan.iters, plan.bias_rows(biases), plan.ones)
+        if us:
+            torch._foreach_copy_(plan.vectors, us + vs)
+        if k == 2.0:
+            gap = x.square() - plan.target
+            scale = gap * torch.addcmul(plan.factor_bias, x, plan.factor_weight)
+        else:
+            lw, two_ck = plan.weight_entries, 2.0 * coef * k
+            gap = x.pow(k) - plan.target
+            sq = x[lw:].square().clamp_min(1e-30)
+            scale = torch.cat([two_ck * gap[:lw] * x[:lw].pow(k - 1.0), two_ck * sq.pow(k - 1.0)])
+        ctx.plan = plan
+        ctx.save_for_backward(scale, *us, *vs, *biases)
+        return gap.square().sum() * coef
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        w_scale, b_scale, *rest = ctx.saved_tensors
-        n = ctx.n
-        uvs, biases = rest[: 2 * n], rest[2 * n :]
-        w_scale, b_scale = grad_out * w_scale, grad_out * b_scale
-        grads = [(w_scale[i].unsqueeze(1) * uvs[2 * i]).unsqueeze(2) * uvs[2 * i + 1].unsqueeze(1) for i in range(n)]
-        grads += [b_scale[i].unsqueeze(1) * b for i, b in enumerate(biases)]
-        return (None, *grads)
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "the spectral penalty's gradient is formed in closed form and cannot be differentiated again "
+                "(backward with create_graph=True); leave the penalty out of losses that need second derivatives"
+            )
+        plan: _Plan = ctx.plan
+        scale, *rest = ctx.saved_tensors
+        count = len(plan.groups)
+        us, vs, biases = rest[:count], rest[count : 2 * count], rest[2 * count :]
+        pieces = (scale * grad_out).split(plan.grad_sizes)
+        grads: list[Tensor | None] = [None]
+        for g, s, u, v in zip(plan.groups, pieces, us, vs):
+            grads += g.gradients((s * u.transpose(1, 2)) * v)
+        for b, s, shape in zip(biases, pieces[count:], plan.bias_scale_shapes):
+            grads.append(b * (s if s.shape == shape else s.view(shape)))
+        return tuple(grads)
 
 
 @register
@@ -111,40 +254,58 @@ class Spectral(Regularizer):
         require(int(power_iters) >= 1, f"power_iters must be an integer >= 1, got {power_iters}")
         self.coef, self.k, self.mode, self.power_iters = float(coef), float(k), mode, int(power_iters)
         self.views: list[LayerView] = checked_views(module, layers, self.name)
+        self._plan = self._build_plan(seed)
+        self._exact_views = [v for v in self.views if v.weight_param is not None and (v.kind == "norm" or mode == "all")]
+
+    def _build_plan(self, seed: int) -> _Plan | None:
+        """Group the weight matrices by shape, draw the initial ``u`` of each layer (in layer order,
+        from ``seed``) and warm the vectors up; ``None`` when no weight or bias goes through it."""
         gen = torch.Generator().manual_seed(seed)
+        members = self.views[0].members
+        by_shape: dict[tuple[Any, ...], list[tuple[int, LayerView, Tensor]]] = {}
         for i, view in enumerate(self.views):
             w = view.weight()
-            if view.kind == "norm" or w is None or mode == "all":
+            if view.kind == "norm" or w is None or self.mode == "all":
                 continue
-            members, rows, cols = w.shape
+            rows = w.shape[1]
             u = F.normalize(torch.randn(rows, generator=gen), dim=0).to(w)
-            self.state[f"u{i}"] = u.expand(members, rows).clone()
-            self.state[f"v{i}"] = torch.zeros(members, cols, dtype=w.dtype, device=w.device)
-            power_step(w.detach(), self.state[f"u{i}"], self.state[f"v{i}"], _WARMUP_ITERS)
+            by_shape.setdefault((tuple(w.shape), w.dtype, w.device), []).append((i, view, u))
+        groups = []
+        for (shape, dtype, device), layers in by_shape.items():
+            u = torch.cat([u.expand(members, -1) for _, _, u in layers])
+            v = torch.zeros(len(layers) * members, shape[2], dtype=dtype, device=device)
+            for j, (i, _, _) in enumerate(layers):
+                self.state[f"u{i}"], self.state[f"v{i}"] = u[j * members : (j + 1) * members], v[j * members : (j + 1) * members]
+            groups.append(_Group([view.module for _, view, _ in layers], shape, u, v))
+        bias_modules = [v.module for v in self.views if v.bias_param is not None]
+        if not groups and not bias_modules:
+            return None
+        plan = _Plan(self.coef, self.k, self.power_iters, members, groups, bias_modules)
+        if groups:
+            with torch.no_grad():
+                weights = tuple(p.detach() for p in plan.params()[: plan.num_weights])
+                _, us, vs = _power(plan.stacked(weights), plan.u_rows, _WARMUP_ITERS)
+                torch._foreach_copy_(plan.vectors, us + vs)
+        return plan
 
     def _vectors(self, i: int) -> tuple[Tensor, Tensor]:
         return self.state[f"u{i}"], self.state[f"v{i}"]
 
     def penalty(self) -> Tensor:
-        weights, vectors, biases, exact_terms = [], [], [], []
-        for i, view in enumerate(self.views):
-            w, b = view.weight(), view.bias()
-            if w is not None and view.kind == "norm":
-                sv = w.abs() if self.mode == "all" else w.abs().amax(dim=1)
-                exact_terms.append((sv.pow(self.k) - 1.0).square().sum())
-            elif w is not None and self.mode == "all":
-                exact_terms.append((torch.linalg.svdvals(w).pow(self.k) - 1.0).square().sum())
-            elif w is not None:
-                weights.append(w)
-                vectors.append((*self._vectors(i), self.power_iters))
-            if b is not None:
-                biases.append(b)
         terms = []
-        if weights or biases:
-            terms.append(_MatrixPenalty.apply((self.coef, self.k, vectors, len(weights)), *weights, *biases))
-        if exact_terms:
-            terms.append(self.coef * torch.stack(exact_terms).sum())
-        return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
+        if self._plan is not None:
+            terms.append(_SpectralPenalty.apply(self._plan, *self._plan.params()))
+        if self._exact_views:
+            exact = []
+            for view in self._exact_views:
+                w = view.weight()
+                if view.kind == "norm":
+                    sv = w.abs() if self.mode == "all" else w.abs().amax(dim=1)
+                else:
+                    sv = torch.linalg.svdvals(w)
+                exact.append((sv.pow(self.k) - 1.0).square().sum())
+            terms.append(self.coef * torch.stack(exact).sum())
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
     @torch.no_grad()
     def sigma_estimates(self) -> list[Tensor]:

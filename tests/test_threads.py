@@ -1,0 +1,54 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sac_spectral import threads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env_after_import(code: str, **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, "PYTHONPATH": ROOT, **env},
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_importing_the_package_lowers_the_openmp_spin_before_torch_loads():
+    show = "import os; print(os.environ.get('GOMP_SPINCOUNT'))"
+    assert _env_after_import(f"import sac_spectral; {show}") == threads.SPIN_COUNT
+    assert _env_after_import(f"import torch, sac_spectral; {show}") == "None"  # too late: left alone
+    assert _env_after_import(f"import sac_spectral; {show}", GOMP_SPINCOUNT="7") == "7"
+    assert _env_after_import(f"import sac_spectral; {show}", OMP_WAIT_POLICY="ACTIVE") == "None"
+
+
+def _sample_with(monkeypatch, jiffies, own_s, cores=(0, 1)):
+    monkeypatch.setattr(threads, "allowed_cores", lambda: list(cores))
+    monkeypatch.setattr(threads, "_cpu_jiffies", lambda cpus: jiffies[0])
+    monkeypatch.setattr(threads.os, "times", lambda: (own_s[0], 0.0, 0.0, 0.0, 0.0))
+    sample = threads.CoreSample()
+    monkeypatch.setattr(threads, "_cpu_jiffies", lambda cpus: jiffies[1])
+    monkeypatch.setattr(threads.os, "times", lambda: (own_s[1], 0.0, 0.0, 0.0, 0.0))
+    return sample
+
+
+@pytest.mark.parametrize(
+    "busy_ticks, own_s, expected_busy, expected_threads",
+    [(10, 0.1, 0.0, 2), (160, 0.6, 1.0, 1), (200, 0.0, 2.0, 1), (120, 1.0, 0.2, 2)],
+)
+def test_busy_cores_are_what_other_processes_used_in_the_window(monkeypatch, busy_ticks, own_s, expected_busy, expected_threads):
+    # two cores, 100 ticks each over the window; this process used own_s seconds (100 ticks per second)
+    sample = _sample_with(monkeypatch, [(1000, 5000), (1000 + busy_ticks, 5200)], (1.0, 1.0 + own_s))
+    monkeypatch.setattr(threads.os, "sysconf", lambda name: 100)
+    assert sample.busy_elsewhere() == pytest.approx(expected_busy)
+    assert threads.choose_threads(0, 2, sample)[0] == expected_threads
+    assert threads.choose_threads(0, 1, sample)[0] == 1  # never more than torch's own count
+    assert threads.choose_threads(3, 2, sample)[0] == 3  # an explicit count wins
+
+
+def test_without_proc_stat_torch_keeps_its_count(monkeypatch):
+    sample = _sample_with(monkeypatch, [None, None], (1.0, 1.0))
+    assert sample.busy_elsewhere() is None
+    assert threads.choose_threads(0, 2, sample) == (2, "torch's 2")
