@@ -25,13 +25,15 @@ from envs import EnvPool, UnknownEnvError, make_env
 from sac_spectral.config import ConfigError, check, option, section, to_dict
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.diagnostics.rl import DiagnosticsConfig, probe_batch, sac_diagnostics
-from sac_spectral.logging import RunLogger, flatten, tensor_is_finite
+from sac_spectral.logging import RunLogger, flatten, state_is_finite, tensor_is_finite
+from sac_spectral.memory import check_fits, sac_estimate
 from sac_spectral.runs import (
     CHECKPOINT,
     SUMMARY,
     GracefulStop,
     open_run_dir,
     progress_bar,
+    recorded_config,
     reopen_run_dir,
     end_nonfinite,
     end_stopped,
@@ -49,6 +51,7 @@ RESUMABLE_KEYS = (
     *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
 )
 RESET_CHOICES = ("all", "last_layers")
+MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
 
 
 @dataclass
@@ -94,6 +97,10 @@ class TrainConfig(SACConfig):
         for key in ("random_steps", "eval_every", "checkpoint_every", "threads"):
             check(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
         check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")
+        check(0 <= self.seed and self.seed + self.num_seeds <= MAX_SEED + 1, "seed",
+              f"seeds must lie in [0, {MAX_SEED}]; got seed={self.seed} with num_seeds={self.num_seeds}")
+        check(self.run_dir is None or bool(self.run_dir.strip()), "run_dir",
+              "empty; give a directory, or leave run_dir out for runs/<name>__<time>")
         check(
             self.device == "cpu" or (self.device.startswith("cuda") and torch.cuda.is_available()),
             "device",
@@ -125,6 +132,8 @@ class Trainer:
             self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat)
         except UnknownEnvError as err:
             raise ConfigError(f"env: {err}") from None
+        check_fits(sac_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
+                   "buffer_size, batch_size, num_seeds or the hidden widths")
         self.eval_envs = [make_env(cfg.env, derive_seed(s, "eval") % (2**31), cfg.action_repeat) for s in self.seeds]
         self.streams = SeedStreams(self.seeds, self.device)
         self.agent = SAC(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
@@ -159,6 +168,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         return {
             "format": 1,
+            "config": recorded_config(self.cfg),
             "step": self.step,
             "updates_done": self.updates_done,
             "agent": self.agent.full_state_dict(),
@@ -172,6 +182,9 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["step"]) > self.cfg.total_steps:
+            raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
+                              f"give total_steps >= {int(state['step'])}")
         self.step, self.updates_done = int(state["step"]), int(state["updates_done"])
         self.agent.load_full_state_dict(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
@@ -187,7 +200,7 @@ class Trainer:
         save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
 
     def finite(self) -> bool:
-        return tensor_is_finite(self.agent.state_dict()) and tensor_is_finite(self.agent.metrics())
+        return state_is_finite(self.state_dict()) and tensor_is_finite(self.agent.metrics())
 
     # ----------------------------------------------------------------------------- evaluation
     def evaluate(self, policy: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
