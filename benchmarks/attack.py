@@ -81,9 +81,18 @@ class Attack:
 ATTACKS: list[Attack] = []
 
 
+def register(name: str, category: str, defect: int, fn: Callable[[Ctx], list[str]]) -> None:
+    """Add an attack; a repeated name gets a numeric suffix."""
+    taken = {a.name for a in ATTACKS}
+    unique, i = name, 2
+    while unique in taken:
+        unique, i = f"{name}_{i}", i + 1
+    ATTACKS.append(Attack(unique, category, defect, fn))
+
+
 def attack(category: str, defect: int = 0) -> Callable[[Callable[[Ctx], list[str]]], Callable[[Ctx], list[str]]]:
     def wrap(fn: Callable[[Ctx], list[str]]) -> Callable[[Ctx], list[str]]:
-        ATTACKS.append(Attack(fn.__name__, category, defect, fn))
+        register(fn.__name__, category, defect, fn)
         return fn
 
     return wrap
@@ -160,12 +169,12 @@ def expect_error(p: Proc, code: int, *fragments: str | tuple[str, ...]) -> list[
     any of its words), and no advice to load unsafely."""
     problems = []
     if traceback_in(p):
-        problems.append(f"traceback ({p.show()})")
+        problems.append("traceback")
     if p.rc != code:
-        problems.append(f"exit code {p.rc}, expected {code} ({p.show()})")
+        problems.append(f"exit code {p.rc}, expected {code}")
     lines = error_lines(p)
     if len(lines) != 1:
-        problems.append(f"{len(lines)} 'error:' lines, expected one ({p.show()})")
+        problems.append(f"{len(lines)} 'error:' lines, expected one")
     else:
         low = lines[0].lower()
         for frag in fragments:
@@ -174,16 +183,18 @@ def expect_error(p: Proc, code: int, *fragments: str | tuple[str, ...]) -> list[
                 problems.append(f"message lacks {' / '.join(alts)!r}: {lines[0][:300]}")
     if "weights_only=False" in p.err or "weights_only` to `False`" in p.err:
         problems.append("suggests unsafe loading (weights_only=False)")
+    if problems and (len(lines) != 1 or p.rc != code):
+        problems.append(f"[{p.show()}]")
     return problems
 
 
 def expect_ok(p: Proc, code: int = 0) -> list[str]:
     problems = []
     if traceback_in(p):
-        problems.append(f"traceback ({p.show()})")
+        problems.append("traceback")
     if p.rc != code:
-        problems.append(f"exit code {p.rc}, expected {code} ({p.show()})")
-    return problems
+        problems.append(f"exit code {p.rc}, expected {code}")
+    return problems + ([f"[{p.show()}]"] if problems else [])
 
 
 def snapshot(*paths: Path) -> dict[str, str]:
@@ -438,15 +449,15 @@ def binary_config_file_continual(ctx: Ctx) -> list[str]:
     return expect_error(ctx.C("--config", f, f"run_dir={rd}"), 2, str(f.name)) + (["run dir written"] if rd.exists() else [])
 
 
-def _bad_value_attack(tool: str, override: str, key: str) -> Callable[[Ctx], list[str]]:
+def _bad_value_attack(tool: str, overrides: Sequence[str], key: str) -> Callable[[Ctx], list[str]]:
     def fn(ctx: Ctx) -> list[str]:
         rd = ctx.path("bad_value")
         base = RL if tool == "train" else CL
-        p = (ctx.T if tool == "train" else ctx.C)(*base, "total_steps=150" if tool == "train" else "seed=0", override,
-                                                   f"run_dir={rd}")
+        p = (ctx.T if tool == "train" else ctx.C)(*base, "total_steps=150" if tool == "train" else "seed=0",
+                                                   *overrides, f"run_dir={rd}")
         return expect_error(p, 2, key) + (["run dir written"] if rd.exists() else [])
 
-    fn.__name__ = f"{tool}_{override.replace('=', '_').replace('.', '_')}"
+    fn.__name__ = f"{tool}_{'_'.join(overrides).replace('=', '_').replace('.', '_')}"
     return fn
 
 
@@ -459,11 +470,11 @@ for _tool, _override, _key in [
     ("continual", "optimizer.lr=inf", "optimizer.lr"), ("continual", "optimizer.eps=nan", "optimizer.eps"),
     ("continual", "dormant_tau=nan", "dormant_tau"), ("continual", "optimizer.weight_decay=inf", "weight_decay"),
 ]:
-    attack("extreme input", 6)(_bad_value_attack(_tool, _override, _key))
+    attack("extreme input", 6)(_bad_value_attack(_tool, [_override], _key))
 
 for _tool, _override in [("train", "seed=-1"), ("train", "seed=1e20"), ("continual", "seed=-1"), ("continual", "seed=1e20"),
                          ("train", "num_seeds=3 seed=2147483647")]:
-    attack("extreme input", 7)(_bad_value_attack(_tool, _override.split()[-1], "seed"))
+    attack("extreme input", 7)(_bad_value_attack(_tool, _override.split(), "seed"))
 
 
 def _memory_attack(tool: str, *overrides: str) -> Callable[[Ctx], list[str]]:
@@ -783,10 +794,9 @@ def _kill_randomly(ctx: Ctx, tool: str, seed: int) -> list[str]:
 
 
 for _seed in range(4):
-    ATTACKS.append(Attack(f"kill9_random_train_{_seed}", "kill -9", 0, lambda ctx, s=_seed: _kill_randomly(ctx, "train", s)))
+    register(f"kill9_random_train_{_seed}", "kill -9", 0, lambda ctx, s=_seed: _kill_randomly(ctx, "train", s))
 for _seed in range(2):
-    ATTACKS.append(Attack(f"kill9_random_continual_{_seed}", "kill -9", 0,
-                          lambda ctx, s=_seed: _kill_randomly(ctx, "continual", s)))
+    register(f"kill9_random_continual_{_seed}", "kill -9", 0, lambda ctx, s=_seed: _kill_randomly(ctx, "continual", s))
 
 
 def _kill_during_write(ctx: Ctx, seed: int) -> list[str]:
@@ -819,7 +829,7 @@ def _kill_during_write(ctx: Ctx, seed: int) -> list[str]:
 
 
 for _seed in range(3):
-    ATTACKS.append(Attack(f"kill9_during_checkpoint_write_{_seed}", "kill -9", 0, lambda ctx, s=_seed: _kill_during_write(ctx, s)))
+    register(f"kill9_during_checkpoint_write_{_seed}", "kill -9", 0, lambda ctx, s=_seed: _kill_during_write(ctx, s))
 
 
 def _signal_attack(tool: str, sig: int, twice: bool = False) -> Callable[[Ctx], list[str]]:
@@ -1089,6 +1099,20 @@ def unicode_and_spaces_in_run_dir(ctx: Ctx) -> list[str]:
 
 
 @attack("extreme input")
+def absurd_replay_ratio(ctx: Ctx) -> list[str]:
+    rd = ctx.path("rr_absurd")
+    p = ctx.T(*RL, "total_steps=100", "replay_ratio=1e300", f"run_dir={rd}")
+    return expect_error(p, 2, "replay_ratio") + (["run dir written"] if rd.exists() else [])
+
+
+@attack("extreme input")
+def huge_probe_sizes_are_bounded_by_the_data(ctx: Ctx) -> list[str]:
+    problems = expect_ok(ctx.T(*RL, "total_steps=80", "diagnostics.every=10", "diagnostics.batch_size=1000000000",
+                               f"run_dir={ctx.path('probe_rl')}"))
+    return problems + expect_ok(ctx.C(*CL, "probe_size=1000000000", f"run_dir={ctx.path('probe_cl')}"))
+
+
+@attack("extreme input")
 def continual_tiny_everything(ctx: Ctx) -> list[str]:
     return expect_ok(ctx.C(*CL, "batch_size=1", "stream.subset=1", "stream.iters_per_task=1", "eval_examples=1",
                            "probe_size=1", f"run_dir={ctx.path('cl_tiny')}"))
@@ -1096,7 +1120,8 @@ def continual_tiny_everything(ctx: Ctx) -> list[str]:
 
 @attack("extreme input")
 def continual_subset_beyond_dataset(ctx: Ctx) -> list[str]:
-    return expect_ok(ctx.C(*CL, "stream.subset=100000", f"run_dir={ctx.path('cl_subset')}"))
+    p = ctx.C(*CL, "stream.subset=100000", f"run_dir={ctx.path('cl_subset')}")
+    return expect_ok(p) if p.rc == 0 else expect_error(p, 2, "subset")
 
 
 @attack("extreme input")
@@ -1225,18 +1250,21 @@ def main() -> int:
     make_fixtures(ctx)
     results: dict[str, list[str]] = {}
 
-    def one(a: Attack) -> tuple[Attack, list[str]]:
+    def one(a: Attack) -> tuple[Attack, list[str], float]:
+        start = time.perf_counter()
         try:
-            return a, a.fn(ctx)
+            problems = a.fn(ctx)
         except Exception as err:  # noqa: BLE001 - an attack that cannot run is reported, not hidden
-            return a, [f"attack itself failed: {type(err).__name__}: {err}"]
+            problems = [f"attack itself failed: {type(err).__name__}: {err}"]
+        return a, problems, time.perf_counter() - start
 
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for a, problems in pool.map(one, chosen):
+        for a, problems, seconds in pool.map(one, chosen):
             results[a.name] = problems
             tag = f"#{a.defect}" if a.defect else ""
             status = "clean " if not problems else "DEFECT"
-            print(f"{status} {tag:>4} [{a.category}] {a.name}" + (f": {'; '.join(problems)}" if problems else ""), flush=True)
+            print(f"{status} {tag:>4} {seconds:5.1f}s [{a.category}] {a.name}" + (f": {'; '.join(problems)}" if problems else ""),
+                  flush=True)
     if not args.keep:
         shutil.rmtree(ws, ignore_errors=True)
     defects = sum(1 for p in results.values() if p)

@@ -50,7 +50,7 @@ from sac_spectral.supervised.learner import (
     weight_spectra,
 )
 from sac_spectral.supervised.models import MODELS, NORMS, build_model
-from sac_spectral.supervised.streams import LOSSES, SEQUENCES, STREAMS, Stream, Task
+from sac_spectral.supervised.streams import LOSSES, SEQUENCES, STREAMS, ClassificationTask, Stream, Task
 
 RESUMABLE_KEYS = ("stream.num_tasks", "log_every", "diagnostics_every", "checkpoint_every", "progress", "threads")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -240,8 +240,9 @@ class ContinualRunner:
                 raise ConfigError(f"model: {err}") from None
 
         params, activations = model_size(build, input_shape)
-        check_fits(supervised_estimate(params, activations, int(np.prod(input_shape)),
-                                       (cfg.batch_size, EVAL_BATCH, cfg.probe_size), self.dtype.itemsize,
+        examples = len(first.train) if isinstance(first, ClassificationTask) else s.dim  # bounds eval and probe
+        batches = (cfg.batch_size, min(EVAL_BATCH, examples), min(cfg.probe_size, examples))
+        check_fits(supervised_estimate(params, activations, int(np.prod(input_shape)), batches, self.dtype.itemsize,
                                        cfg.regularizers), self.device, MEMORY_HINT)
         with torch.random.fork_rng():
             torch.manual_seed(derive_seed(cfg.seed, "init"))

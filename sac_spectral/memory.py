@@ -28,11 +28,12 @@ PARAMETER_COPIES = {"l2_init": 1, "wasserstein_init": 2}
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
+    """``1.5 GiB``; beyond PiB in powers of ten (``3.2e+290 PiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
+    return f"{n:.1f} PiB" if abs(n) < 1e4 else f"{n:.2g} PiB"
 
 
 def _meminfo_available(path: Path = Path("/proc/meminfo")) -> int | None:
@@ -115,9 +116,9 @@ def sac_estimate(cfg: Any, obs_dim: int, act_dim: int) -> dict[str, float]:
             math.ceil(cfg.replay_ratio) * n * b * transition + 2 * critic_act + actor_act
         ),
     }
-    if cfg.diagnostics.every:
+    if cfg.diagnostics.every:  # per-example gradients of a probe drawn from the buffer
         per_member = max(mlp_parameters(critic_sizes), mlp_parameters(actor_sizes))
-        parts["diagnostics probe"] = FLOAT32 * n * c * cfg.diagnostics.batch_size * per_member
+        parts["diagnostics probe"] = FLOAT32 * n * c * min(cfg.diagnostics.batch_size, cfg.buffer_size) * per_member
     return parts
 
 

@@ -391,7 +391,10 @@ def _torch_load(path: Path, mmap: bool) -> Any:
         raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain containers{detail}; "
                               f"refused, since loading it could run code; {unchanged}") from None
     except OSError as err:
-        raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror or err}; {unchanged}") from None
+        if err.errno in (errno.EACCES, errno.EPERM, errno.ENOENT):
+            raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror or err}; {unchanged}") from None
+        raise CheckpointError(f"checkpoint {path} is not a readable PyTorch checkpoint, truncated or corrupted "
+                              f"({err.strerror or err}); {unchanged}") from None
     except Exception as err:  # noqa: BLE001 - an untrusted file may fail in any way; say which file
         raise CheckpointError(f"checkpoint {path} is not a readable PyTorch checkpoint, truncated or corrupted "
                               f"({type(err).__name__}: {one_line(err, 120)}); {unchanged}") from None

@@ -133,7 +133,7 @@ class Trainer:
         except UnknownEnvError as err:
             raise ConfigError(f"env: {err}") from None
         check_fits(sac_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
-                   "buffer_size, batch_size, num_seeds or the hidden widths")
+                   "buffer_size, batch_size, replay_ratio, num_seeds or the hidden widths")
         self.eval_envs = [make_env(cfg.env, derive_seed(s, "eval") % (2**31), cfg.action_repeat) for s in self.seeds]
         self.streams = SeedStreams(self.seeds, self.device)
         self.agent = SAC(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)

@@ -176,11 +176,12 @@ class ContinualLearner:
             try:
                 values = {k: float(v.detach()) if isinstance(v, Tensor) else float(v) for k, v in diagnostic(probe).items()}
             except Exception as err:  # noqa: BLE001 - a measurement must never stop training
-                if (i, type(err).__name__) not in self._warned:
-                    self._warned.add((i, type(err).__name__))
+                kind = type(err).__name__.lstrip("_")
+                if (i, kind) not in self._warned:
+                    self._warned.add((i, kind))
                     name = getattr(diagnostic, "__name__", "diagnostic")
                     first = (str(err).strip().splitlines() or [""])[0][:160]
-                    print(f"warning: {name} failed at iteration {iteration} ({type(err).__name__}: {first}); "
+                    print(f"warning: {name} failed at iteration {iteration} ({kind}: {first}); "
                           "its values are logged as NaN", file=sys.stderr)
                 values = {tag: math.nan for tag in self._tags.get(i, [])}
             else:
