@@ -9,7 +9,8 @@ thread each, one after the other) and prints the mean end-of-task training accur
 first 5 and the last 5 tasks (mean ± std over seeds, and each seed's last-5 value). ``none`` trains
 without regularizers; every other method is a registered regularizer, used with the
 configuration's entry of that name if it has one, else with its own defaults, unless ``--spec``
-gives its entry. ``key=value`` overrides apply to every run. Every run keeps its run directory
+gives its entry. ``key=value`` overrides, anywhere on the command line, apply to every run.
+Every run keeps its run directory
 under ``--out`` (default ``runs/plasticity_table__<time>``) for TensorBoard, and the table is also
 written to ``<out>/table.json``.
 """
@@ -32,7 +33,7 @@ import torch
 from sac_spectral.config import ConfigError, merge_sources, read_yaml, yaml_load
 from sac_spectral.continual import SUMMARY_TASKS, ContinualConfig, ContinualRunner
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.runs import GracefulStop
+from sac_spectral.runs import GracefulStop, parse_cli, release_run_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["none", "l2", "l2_init", "shrink_perturb", "spectral"]
@@ -74,9 +75,12 @@ def method_entries(
 def run_one(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     cfg = merge_sources(ContinualConfig, data, overrides)
     runner = ContinualRunner(cfg)
-    runner.open_new()
-    with GracefulStop() as stop, contextlib.redirect_stdout(io.StringIO()):
-        code = runner.train(stop)
+    try:
+        runner.open_new()
+        with GracefulStop() as stop, contextlib.redirect_stdout(io.StringIO()):
+            code = runner.train(stop)
+    finally:
+        release_run_dirs()
     if code != 0:
         raise SystemExit(code)
     return runner.summary()
@@ -95,7 +99,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="parent folder of the runs' directories")
     parser.add_argument("--spec", action="append", default=[], metavar="METHOD={name: …}")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args()
+    args = parse_cli(parser, None, ("--config", "--out", "--spec"))
     torch.set_num_threads(1)
     try:
         base = read_yaml(args.config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -25,7 +26,19 @@ T = TypeVar("T")
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 safe loader that also reads ``1e-4`` (no dot) as a float, as YAML 1.2 does."""
+    """YAML 1.1 safe loader that also reads ``1e-4`` (no dot) as a float, as YAML 1.2 does, and
+    refuses a mapping that repeats a key (YAML forbids it; PyYAML would keep the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (line {key_node.start_mark.line + 1})", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -122,14 +135,22 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        number: float | None = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
+            except OverflowError:
+                number = math.inf
+        elif isinstance(value, str):
+            try:
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if number is None:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -202,15 +223,31 @@ def _nest(path: list[str], value: Any) -> dict[str, Any]:
     return out
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line: what is wrong and where."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        where = f" (line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1})" if err.problem_mark else ""
+        return f"{err.problem or err.context}{where}"
+    return " ".join(str(err).split())
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping, raising ConfigError for a missing file or a non-mapping document."""
+    """Read a YAML mapping, raising ConfigError for a missing, unreadable, binary or non-mapping file."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory, not a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file '{path}' does not exist")
     try:
-        data = yaml_load(p.read_text()) or {}
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file '{path}' is not a text (UTF-8) file") from None
+    except OSError as err:
+        raise ConfigError(f"config file '{path}' cannot be read: {err.strerror}") from None
+    try:
+        data = yaml_load(text) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from None
+        raise ConfigError(f"config file '{path}' is not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping of keys, not {type(data).__name__}")
     return data

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from sac_spectral.config import ConfigError, check, option, section, to_dict
-from sac_spectral.logging import RunLogger, flatten, tensor_is_finite
+from sac_spectral.logging import RunLogger, flatten, state_is_finite
+from sac_spectral.memory import FLOAT32, check_fits, model_size, supervised_estimate
 from sac_spectral.regularizers import build_regularizers, validate_specs
 from sac_spectral.runs import (
     CHECKPOINT,
@@ -29,6 +30,7 @@ from sac_spectral.runs import (
     GracefulStop,
     open_run_dir,
     progress_bar,
+    recorded_config,
     reopen_run_dir,
     end_nonfinite,
     end_stopped,
@@ -49,7 +51,7 @@ from sac_spectral.supervised.learner import (
     weight_spectra,
 )
 from sac_spectral.supervised.models import MODELS, NORMS, build_model
-from sac_spectral.supervised.streams import LOSSES, SEQUENCES, STREAMS, Stream, Task
+from sac_spectral.supervised.streams import LOSSES, SEQUENCES, STREAMS, ClassificationTask, Stream, Task
 
 RESUMABLE_KEYS = ("stream.num_tasks", "log_every", "diagnostics_every", "checkpoint_every", "progress", "threads")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -58,6 +60,8 @@ EVAL_BATCH = 1024
 #: and of ``runs/continual/`` each show one schema
 CONTINUAL_ROOT = "runs/continual"
 SUMMARY_TASKS = 5
+MAX_SEED = 2**63 - 1  # seeds go through numpy's SeedSequence and torch's 64-bit generators
+MEMORY_HINT = "batch_size, model.width, model.depth or the dataset's size"
 
 
 def _choice(value: str, choices: Sequence[str], key: str) -> None:
@@ -78,6 +82,8 @@ class SyntheticConfig:
         for key in ("dim", "test"):
             check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         check(self.train >= self.classes, "train", f"must be >= classes ({self.classes}), got {self.train}")
+        check(self.separation >= 0, "separation", f"must be >= 0, got {self.separation}")
+        check(0 <= self.seed <= MAX_SEED, "seed", f"must lie in [0, {MAX_SEED}], got {self.seed}")
 
 
 @dataclass
@@ -143,6 +149,7 @@ class OptimizerConfig:
         check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         for key in ("beta1", "beta2", "momentum"):
             check(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
+        check(self.eps >= 0, "eps", f"must be >= 0, got {self.eps}")
 
 
 @dataclass
@@ -170,6 +177,9 @@ class ContinualConfig:
     progress: bool = option(True, "show a progress bar")
 
     def validate(self) -> None:
+        check(0 <= self.seed <= MAX_SEED, "seed", f"must lie in [0, {MAX_SEED}], got {self.seed}")
+        check(self.run_dir is None or bool(self.run_dir.strip()), "run_dir",
+              "empty; give a directory, or leave run_dir out for runs/<name>__<time>")
         check(0.0 <= self.dormant_tau <= 1.0, "dormant_tau", f"must be in [0, 1], got {self.dormant_tau}")
         for key in ("batch_size", "probe_size", "log_every"):
             check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
@@ -202,12 +212,16 @@ class ContinualRunner:
 
     def __init__(self, cfg: ContinualConfig) -> None:
         self.cfg = cfg
-        set_torch_threads(cfg.threads)
+        self.threads = set_torch_threads(cfg.threads)
         self.device, self.dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
         s = cfg.stream
         self.dataset = None
         if s.kind != "deep_linear":
             d = cfg.dataset
+            if d.name == "synthetic":  # generated here: (train + test)·dim values, drawn and summed
+                sy = d.synthetic
+                check_fits({"synthetic dataset": 3 * FLOAT32 * (sy.train + sy.test) * sy.dim}, self.device,
+                           "dataset.synthetic.dim, .train or .test")
             try:
                 self.dataset = load_dataset(d.name, d.data_dir, SyntheticSpec(**to_dict(d.synthetic)))
             except DataError as err:
@@ -220,13 +234,22 @@ class ContinualRunner:
         first = self.stream.task(0)
         input_shape = self.dataset.input_shape if self.dataset is not None else (s.dim,)
         m = cfg.model
-        with torch.random.fork_rng():
-            torch.manual_seed(derive_seed(cfg.seed, "init"))
+
+        def build() -> torch.nn.Module:
             try:
-                model = build_model(m.name, input_shape, first.num_outputs, m.width, m.depth, m.activation, m.norm,
-                                    m.heads, m.patch)
+                return build_model(m.name, input_shape, first.num_outputs, m.width, m.depth, m.activation, m.norm,
+                                   m.heads, m.patch)
             except ValueError as err:
                 raise ConfigError(f"model: {err}") from None
+
+        params, activations = model_size(build, input_shape)
+        examples = len(first.train) if isinstance(first, ClassificationTask) else s.dim  # bounds eval and probe
+        batches = (cfg.batch_size, min(EVAL_BATCH, examples), min(cfg.probe_size, examples))
+        check_fits(supervised_estimate(params, activations, int(np.prod(input_shape)), batches, self.dtype.itemsize,
+                                       cfg.regularizers), self.device, MEMORY_HINT)
+        with torch.random.fork_rng():
+            torch.manual_seed(derive_seed(cfg.seed, "init"))
+            model = build()
         model.to(device=self.device, dtype=self.dtype)
         o = cfg.optimizer
         optimizer = make_optimizer(o.name, model.parameters(), o.lr, o.weight_decay, o.momentum, (o.beta1, o.beta2), o.eps)
@@ -259,7 +282,7 @@ class ContinualRunner:
         data = "deep linear" if cfg.stream.kind == "deep_linear" else cfg.dataset.name
         return (f"{cfg.stream.kind} stream on {data}: {cfg.stream.num_tasks} tasks × {cfg.stream.iters_per_task} updates "
                 f"| {cfg.model.name} | {cfg.optimizer.name} lr {cfg.optimizer.lr:g} | regularizers: {run_tag(cfg)} "
-                f"| seed {cfg.seed} | {cfg.device}, {torch.get_num_threads()} thread(s)")
+                f"| seed {cfg.seed} | {cfg.device}, {self.threads}")
 
     def position(self) -> str:
         t = self.cfg.stream.iters_per_task
@@ -269,6 +292,7 @@ class ContinualRunner:
     def state_dict(self) -> dict[str, Any]:
         return {
             "format": 1,
+            "config": recorded_config(self.cfg),
             "iteration": self.iteration,
             "learner": self.learner.state_dict(),
             "sample_rng": self.gen.get_state(),
@@ -278,7 +302,11 @@ class ContinualRunner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.iteration = int(state["iteration"])
+        per_task, done = self.cfg.stream.iters_per_task, int(state["iteration"])
+        if done > len(self.stream) * per_task:
+            raise ConfigError(f"stream.num_tasks={len(self.stream)} is below the tasks this run has done "
+                              f"({done / per_task:g}); give stream.num_tasks >= {-(-done // per_task)}")
+        self.iteration = done
         self.learner.load_state_dict(state["learner"])
         self.gen.set_state(state["sample_rng"])
         torch.set_rng_state(state["torch_rng"])
@@ -290,7 +318,7 @@ class ContinualRunner:
         save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
 
     def finite(self) -> bool:
-        return tensor_is_finite(dict(self.learner.model.state_dict()))
+        return state_is_finite(self.state_dict())
 
     # ----------------------------------------------------------------------------- tasks
     def _batch(self, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,11 +396,14 @@ class ContinualRunner:
                 correct_sum.zero_()
                 interval_iters, interval_start = 0, now
             task_end = self.iteration % per_task == 0
-            if cfg.diagnostics_every and self.iteration % cfg.diagnostics_every == 0 and not task_end:
+            diagnose = bool(cfg.diagnostics_every) and self.iteration % cfg.diagnostics_every == 0 and not task_end
+            if (task_end or diagnose) and not self.finite():  # before diagnostics see a broken model
+                return end_nonfinite(self, bar)
+            if diagnose:
                 self._diagnose(task, task_end=False)
             if task_end:
                 row = self._end_task(task)
-                if not np.isfinite(row["loss"]) or not self.finite():
+                if not np.isfinite(row["loss"]):
                     return end_nonfinite(self, bar)
                 postfix["task"] = f"{task.index + 1}/{len(self.stream)}"
                 if row["train_acc"] is not None:

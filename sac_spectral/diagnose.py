@@ -10,6 +10,8 @@ layer, feature rank and dormant units. Values are per seed (critics averaged wit
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,30 +23,59 @@ from agents import SAC, ReplayBuffer
 from sac_spectral.config import ConfigError, merge_sources, read_yaml
 from sac_spectral.diagnostics import Report
 from sac_spectral.diagnostics.rl import probe_batch, sac_diagnostics
-from sac_spectral.runs import CHECKPOINT, CONFIG_FILE, load_checkpoint, run_cli, write_json
+from sac_spectral.runs import CHECKPOINT, CONFIG_FILE, CheckpointError, load_checkpoint, one_line, run_cli, write_json
 from sac_spectral.seeding import SeedStreams
 from sac_spectral.train import TrainConfig, check_format
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
-    """The run's config, its agent and replay buffer as saved, and the update count."""
+    """The run's config (as its checkpoint recorded it), its agent and replay buffer as saved, and
+    the update count."""
     if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / CHECKPOINT).is_file():
         raise ConfigError(f"'{run_dir}' is not a run directory: expected {run_dir / CONFIG_FILE} and {run_dir / CHECKPOINT}")
-    cfg = merge_sources(TrainConfig, read_yaml(run_dir / CONFIG_FILE))
-    cfg.device = "cpu"
+    data = read_yaml(run_dir / CONFIG_FILE)
+    if "stream" in data and "env" not in data:
+        raise ConfigError(f"'{run_dir}' is a run of python -m sac_spectral.continual; diagnose reads RL runs of "
+                          "python -m sac_spectral.train (a continual run logs these diagnostics to TensorBoard at "
+                          "every task end, and every diagnostics_every iterations)")
     state = load_checkpoint(run_dir / CHECKPOINT)
-    check_format(state)
-    data = state["buffer"]["data"]
-    obs_dim, act_dim = data["obs"].shape[-1], data["action"].shape[-1]
-    seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
-    agent = SAC(obs_dim, act_dim, cfg, SeedStreams(seeds))
-    agent.load_full_state_dict(state["agent"])
-    size = int(state["buffer"]["size"])
+    saved = state.get("config")
+    try:
+        cfg = merge_sources(TrainConfig, {**saved, "device": "cpu"} if isinstance(saved, dict) else data)
+    except ConfigError as err:
+        raise ConfigError(f"{run_dir / CONFIG_FILE}: {err}") from None
+    cfg.device = "cpu"
+    try:
+        check_format(state)
+        data = state["buffer"]["data"]
+        obs_dim, act_dim = data["obs"].shape[-1], data["action"].shape[-1]
+        seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+        agent = SAC(obs_dim, act_dim, cfg, SeedStreams(seeds))
+        agent.load_full_state_dict(state["agent"])
+        size = int(state["buffer"]["size"])
+    except ConfigError:
+        raise
+    except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as err:
+        raise CheckpointError(f"checkpoint {run_dir / CHECKPOINT} does not hold an RL run of this config "
+                              f"({type(err).__name__}: {one_line(err, 160)})") from None
     if size == 0:
         raise ConfigError(f"the replay buffer saved in '{run_dir}' is empty; nothing to probe")
     buffer = ReplayBuffer(size, obs_dim, act_dim, cfg.num_seeds)  # just large enough for the saved transitions
     buffer.load_state_dict({**state["buffer"], "capacity": size, "ptr": 0})
     return cfg, agent, buffer, agent.num_updates
+
+
+def _writable_file(option: str, path: str) -> Path:
+    """``path`` for an output file, checked before any work: its folder exists and is writable."""
+    p = Path(path)
+    folder = p.parent
+    if p.is_dir():
+        raise ConfigError(f"{option} {path}: is a directory; give a file name")
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: folder {folder} does not exist (or is not a directory)")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"{option} {path}: folder {folder} is not writable")
+    return p
 
 
 def per_seed(agent: SAC, reports: dict[str, Report]) -> dict[str, list[float]]:
@@ -96,6 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the values as JSON")
     parser.add_argument("--plot", metavar="FILE", help="also draw the singular values to a PNG (needs matplotlib)")
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    if args.batch_size is not None and args.batch_size < 2:
+        raise ConfigError(f"--batch-size: must be >= 2 (rows of the per-example gradient matrix), got {args.batch_size}")
+    if args.tau is not None and not (math.isfinite(args.tau) and args.tau >= 0):
+        raise ConfigError(f"--tau: must be a finite number >= 0, got {args.tau}")
+    outputs = {opt: _writable_file(opt, path) for opt, path in (("--json", args.json), ("--plot", args.plot)) if path}
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -116,10 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.run_dir}: {updates} updates, probe batch of {batch['obs'].shape[1]} transitions, "
           f"dormant τ = {dcfg.tau}; one column per seed ({', '.join(map(str, seeds))})")
     print(format_table(values))
-    if args.json:
-        write_json(Path(args.json), {"run_dir": str(args.run_dir), "updates": updates, "seeds": seeds, "values": values})
-    if args.plot:
-        plot(reports, Path(args.plot))
+    if "--json" in outputs:
+        write_json(outputs["--json"], {"run_dir": str(args.run_dir), "updates": updates, "seeds": seeds, "values": values})
+    if "--plot" in outputs:
+        plot(reports, outputs["--plot"])
         print(f"plot written to {args.plot}")
     return 0
 

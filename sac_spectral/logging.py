@@ -7,6 +7,7 @@ one place that names per-seed tags (scalars, episode returns and histograms).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,35 @@ def tensor_is_finite(values: Mapping[str, Tensor]) -> bool:
     """True if every tensor in ``values`` is finite (one host sync)."""
     flags = [torch.isfinite(v).all() for v in values.values()]
     return bool(torch.stack(flags).all()) if flags else True
+
+
+def _floating_tensors(state: Any) -> list[Tensor]:
+    if isinstance(state, Tensor):
+        return [state] if state.is_floating_point() or state.is_complex() else []
+    if isinstance(state, Mapping):
+        return [t for v in state.values() for t in _floating_tensors(v)]
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in _floating_tensors(v)]
+    return []
+
+
+def _floats(state: Any) -> list[float]:
+    if isinstance(state, float):
+        return [state]
+    if isinstance(state, Mapping):
+        return [x for v in state.values() for x in _floats(v)]
+    if isinstance(state, (list, tuple)):
+        return [x for v in state for x in _floats(v)]
+    return []
+
+
+def state_is_finite(state: Any) -> bool:
+    """True if every floating-point tensor and float anywhere in a nested state (dicts, lists,
+    tuples) — parameters, optimizer moments, temperatures, regularizer state — is finite
+    (one host sync per device)."""
+    if not all(math.isfinite(x) for x in _floats(state)):
+        return False
+    flags: dict[torch.device, list[Tensor]] = {}
+    for t in _floating_tensors(state):
+        flags.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(group).all()) for group in flags.values())

@@ -26,13 +26,15 @@ from envs import EnvPool, UnknownEnvError, make_env
 from sac_spectral.config import ConfigError, check, option, section, to_dict
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.diagnostics.rl import DiagnosticsConfig, probe_batch, sac_diagnostics
-from sac_spectral.logging import RunLogger, flatten, tensor_is_finite
+from sac_spectral.logging import RunLogger, flatten, state_is_finite, tensor_is_finite
+from sac_spectral.memory import check_fits, sac_estimate
 from sac_spectral.runs import (
     CHECKPOINT,
     SUMMARY,
     GracefulStop,
     open_run_dir,
     progress_bar,
+    recorded_config,
     reopen_run_dir,
     end_nonfinite,
     end_stopped,
@@ -54,9 +56,10 @@ RESET_CHOICES = ("all", "last_layers")
 #: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
 #: request and checkpoints (every ``PRIMING_CHECKPOINT`` updates) act between chunks
 PRIMING_CHUNK = 1000
+PRIMING_CHECKPOINT = 10_000
 #: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming
 CHECKPOINT_FORMAT = 2
-PRIMING_CHECKPOINT = 10_000
+MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
 
 
 @dataclass
@@ -114,6 +117,10 @@ class TrainConfig(SACConfig):
         for key in ("random_steps", "eval_every", "checkpoint_every", "threads"):
             check(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
         check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")
+        check(0 <= self.seed and self.seed + self.num_seeds <= MAX_SEED + 1, "seed",
+              f"seeds must lie in [0, {MAX_SEED}]; got seed={self.seed} with num_seeds={self.num_seeds}")
+        check(self.run_dir is None or bool(self.run_dir.strip()), "run_dir",
+              "empty; give a directory, or leave run_dir out for runs/<name>__<time>")
         check(
             self.priming.transitions <= min(self.buffer_size, self.total_steps), "priming.transitions",
             f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
@@ -126,10 +133,10 @@ class TrainConfig(SACConfig):
 
 
 def check_format(state: dict[str, Any]) -> None:
-    """Refuse a checkpoint of another layout with a one-line error."""
+    """``ValueError`` for a checkpoint of another layout (the runners report it in one line)."""
     if state.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(
-            f"this checkpoint has format {state.get('format')}, this version reads format {CHECKPOINT_FORMAT} "
+        raise ValueError(
+            f"its layout is format {state.get('format')!r}, this version reads format {CHECKPOINT_FORMAT} "
             "(format 1 predates the nn.Linear weight layout and the actor's separate heads); start a new run"
         )
 
@@ -179,13 +186,15 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        set_torch_threads(cfg.threads)
+        self.threads = set_torch_threads(cfg.threads)
         self.device = torch.device(cfg.device)
         self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
         try:
             self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat)
         except UnknownEnvError as err:
             raise ConfigError(f"env: {err}") from None
+        check_fits(sac_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
+                   "buffer_size, batch_size, replay_ratio, num_seeds or the hidden widths")
         self.eval_envs = [make_env(cfg.env, derive_seed(s, "eval") % (2**31), cfg.action_repeat) for s in self.seeds]
         self.streams = SeedStreams(self.seeds, self.device)
         self.agent = SAC(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
@@ -235,13 +244,14 @@ class Trainer:
             parts.append(f"resets ({cfg.resets.what}) every {cfg.resets.every}")
         if cfg.priming.updates:
             parts.append(f"priming {cfg.priming.updates} updates on the first {cfg.priming.transitions} transitions")
-        parts.append(f"{cfg.device}, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}")
+        parts.append(f"{cfg.device}, {self.threads}")
         return " | ".join(parts)
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         return {
             "format": CHECKPOINT_FORMAT,
+            "config": recorded_config(self.cfg),
             "step": self.step,
             "primed": self.primed,
             "diagnosed": self.diagnosed,
@@ -259,6 +269,9 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_format(state)
+        if int(state["step"]) > self.cfg.total_steps:
+            raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
+                              f"give total_steps >= {int(state['step'])}")
         self.step, self.primed, self.diagnosed = int(state["step"]), int(state["primed"]), int(state["diagnosed"])
         self.last_reset = int(state["last_reset"])
         self.agent.load_full_state_dict(state["agent"])
@@ -276,7 +289,7 @@ class Trainer:
         save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
 
     def finite(self) -> bool:
-        return tensor_is_finite(self.agent.state_dict()) and tensor_is_finite(self.agent.metrics())
+        return state_is_finite(self.state_dict()) and tensor_is_finite(self.agent.metrics())
 
     # ----------------------------------------------------------------------------- evaluation
     def evaluate(self, policy: Callable[[np.ndarray], np.ndarray], evaluation: int | str) -> np.ndarray:

@@ -153,7 +153,7 @@ def test_diverging_run_stops_with_exit_1_and_writes_no_summary(tmp_path, capsys)
             "log_every=5", f"run_dir={rd}"]
     assert run(args) == 1
     err = capsys.readouterr().err
-    assert "non-finite loss or parameters at iteration 5" in err and "no checkpoint had been written yet" in err
+    assert "non-finite loss, parameters or optimizer state at iteration 5" in err and "no checkpoint had been written yet" in err
     assert not (rd / CHECKPOINT).exists() and not (rd / "summary.json").exists()
 
 

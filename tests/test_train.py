@@ -261,4 +261,5 @@ def test_a_checkpoint_of_the_old_layout_is_refused_in_one_line(tmp_path, capsys)
     torch.save(state, rd / CHECKPOINT)
     assert run(["--resume", rd, "total_steps=300"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: this checkpoint has format 1") and "start a new run" in err
+    assert err.startswith(f"error: checkpoint {rd / CHECKPOINT}") and "its layout is format 1" in err
+    assert "start a new run" in err and "nothing was changed" in err

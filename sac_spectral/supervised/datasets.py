@@ -24,6 +24,7 @@ import gzip
 import pickle
 import random
 import struct
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,15 @@ def _channel_stats(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def make_dataset(name: str, x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor) -> Dataset:
-    """Wrap splits, computing normalization statistics from the training split."""
+    """Wrap splits, computing normalization statistics from the training split; refuses splits
+    whose inputs and labels differ in number, an empty training split, and negative labels."""
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if len(x) != len(y):
+            raise DataError(f"dataset '{name}': the {split} split has {len(x)} inputs but {len(y)} labels")
+        if len(y) and int(y.min()) < 0:
+            raise DataError(f"dataset '{name}': the {split} split has a negative label ({int(y.min())})")
+    if len(x_train) == 0:
+        raise DataError(f"dataset '{name}': the training split is empty")
     y_train, y_test = y_train.long(), y_test.long()
     num_classes = int(max(int(y_train.max()), int(y_test.max()) if len(y_test) else 0)) + 1
     mean, std = _channel_stats(x_train)
@@ -163,7 +172,11 @@ def _find(root: Path, candidates: Sequence[str], files: Sequence[str], name: str
 def _open(path: Path) -> bytes:
     if path.is_file():
         return path.read_bytes()
-    return gzip.decompress(path.with_name(path.name + ".gz").read_bytes())
+    gz = path.with_name(path.name + ".gz")
+    try:
+        return gzip.decompress(gz.read_bytes())
+    except (gzip.BadGzipFile, zlib.error, EOFError) as err:
+        raise DataError(f"{gz}: not a readable gzip file ({err})") from None
 
 
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -175,7 +188,11 @@ def read_idx(path: Path) -> np.ndarray:
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
         raise DataError(f"{path}: not an IDX file (bad magic number)")
     ndim = data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise DataError(f"{path}: truncated IDX header (promises {ndim} sizes, the file has {len(data)} bytes)")
     dims = struct.unpack(f">{ndim}i", data[4 : 4 + 4 * ndim])
+    if any(d < 0 for d in dims):
+        raise DataError(f"{path}: IDX header holds a negative size {dims}")
     dtype = np.dtype(_IDX_TYPES[data[2]])
     count = int(np.prod(dims))
     body = data[4 + 4 * ndim :]
@@ -192,6 +209,10 @@ def _idx_dataset(root: Path, name: str) -> Dataset:
         folders, source = ["fashion_mnist", "FashionMNIST/raw"], "https://github.com/zalandoresearch/fashion-mnist"
     base = _find(root, folders, files, name, source)
     xtr, ytr, xte, yte = (torch.from_numpy(read_idx(base / f).copy()) for f in files)
+    for images, labels, x, y in ((files[0], files[1], xtr, ytr), (files[2], files[3], xte, yte)):
+        if x.dim() != 3 or y.dim() != 1 or len(x) != len(y):
+            raise DataError(f"{base}: {images} holds {list(x.shape)} images and {labels} {list(y.shape)} labels; "
+                            "expected [N, H, W] and [N]")
     return make_dataset(name, xtr.unsqueeze(1), ytr, xte.unsqueeze(1), yte)
 
 
@@ -216,7 +237,12 @@ class _ArrayUnpickler(pickle.Unpickler):
 def read_cifar_batch(path: Path) -> dict[bytes, object]:
     """One CIFAR python-version batch: a pickled dict with ``b"data"`` ``[N, 3072]`` uint8 and labels."""
     with open(path, "rb") as f:
-        batch = _ArrayUnpickler(f, encoding="bytes").load()
+        try:
+            batch = _ArrayUnpickler(f, encoding="bytes").load()
+        except DataError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a damaged pickle fails in many ways
+            raise DataError(f"{path}: not a readable CIFAR python batch ({type(err).__name__}: {err})") from None
     if not isinstance(batch, dict) or b"data" not in batch:
         raise DataError(f"{path}: not a CIFAR python batch (no b'data' entry)")
     return batch
@@ -226,8 +252,15 @@ def _cifar_split(paths: Sequence[Path], label_key: bytes) -> tuple[Tensor, Tenso
     xs, ys = [], []
     for p in paths:
         batch = read_cifar_batch(p)
-        xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(batch[label_key], dtype=np.int64))
+        try:
+            x = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+            y = np.asarray(batch[label_key], dtype=np.int64).reshape(-1)
+        except (KeyError, ValueError, TypeError) as err:
+            raise DataError(f"{p}: not a CIFAR python batch ({type(err).__name__}: {err})") from None
+        if len(x) != len(y):
+            raise DataError(f"{p}: {len(x)} images but {len(y)} labels")
+        xs.append(x)
+        ys.append(y)
     return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
 
 
@@ -251,7 +284,10 @@ def _svhn(root: Path) -> Dataset:
     base = _find(root, ["svhn", "SVHN", "."], files, "svhn", "http://ufldl.stanford.edu/housenumbers/ (format 2, cropped digits)")
 
     def split(f: str) -> tuple[Tensor, Tensor]:
-        mat = loadmat(base / f)
+        try:
+            mat = loadmat(base / f)
+        except Exception as err:  # noqa: BLE001 - scipy raises many kinds of errors on a damaged file
+            raise DataError(f"{base / f}: not a readable MATLAB file ({type(err).__name__}: {err})") from None
         if "X" not in mat or "y" not in mat:
             raise DataError(f"{base / f}: expected variables 'X' [32, 32, 3, N] and 'y' [N, 1]")
         x = torch.from_numpy(np.ascontiguousarray(np.transpose(mat["X"], (3, 2, 0, 1))))
@@ -269,9 +305,18 @@ def _tiny_imagenet(root: Path) -> Dataset:
     wnids = [w.strip() for w in (base / "wnids.txt").read_text().split() if w.strip()]
     index = {w: i for i, w in enumerate(wnids)}
 
+    def image(p: Path) -> np.ndarray:
+        try:
+            return np.asarray(Image.open(p).convert("RGB"))
+        except (OSError, ValueError) as err:
+            raise DataError(f"{p}: not a readable image ({err})") from None
+
     def load(paths: list[Path]) -> Tensor:
-        images = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in paths])
-        return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+        images = [image(p) for p in paths]
+        shapes = {im.shape for im in images}
+        if len(shapes) > 1:
+            raise DataError(f"dataset 'tiny_imagenet': images of different sizes {sorted(shapes)[:3]}")
+        return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
 
     train_paths, train_labels = [], []
     for w in wnids:

@@ -8,11 +8,16 @@ Diagnostics plug in as functions of a :class:`Probe` — the model, a fixed batc
 task and the per-example loss function — returning ``{tag: value}``. The runner calls
 :meth:`ContinualLearner.diagnose` at the end of every task and every ``diagnostics_every``
 iterations; :func:`weight_spectra` (σ_max of every layer) is the light one,
-:func:`plasticity_diagnostics` adds gradient rank, feature rank and dormant units.
+:func:`plasticity_diagnostics` adds gradient rank, feature rank and dormant units. A diagnostic
+that fails never stops training: its values are logged as NaN and a warning is printed once.
+
+Interventions that need activation statistics (ReDo) get the current training batch as probe.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,15 +110,26 @@ class ContinualLearner:
         self.model, self.objective, self.optimizer = model, objective, optimizer
         self.loss_fn = LOSS_FNS[objective]
         self.regularizers = list(regularizers)
+        self._batch: Tensor | None = None
         for reg in self.regularizers:
             reg.attach(optimizer)
+            reg.set_probe(self._probe)
         self.diagnostics = list(diagnostics)
+        self._tags: dict[int, list[str]] = {}
+        self._warned: set[tuple[int, str]] = set()
         self.updates = 0
+
+    def _probe(self) -> Tensor:
+        """The inputs of the current training batch (what ReDo scores units on)."""
+        if self._batch is None:
+            raise RuntimeError("no training batch yet: the probe is read during train_step")
+        return self._batch
 
     def train_step(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """One update on ``(x, y)``; returns the detached mean task loss and the number of
         correctly classified examples (0 for regression), without a host sync."""
         self.model.train()
+        self._batch = x
         out = self.model(x)
         task_loss = self.loss_fn(out, y).mean()
         loss = task_loss
@@ -151,12 +167,26 @@ class ContinualLearner:
         return result
 
     def diagnose(self, x: Tensor, y: Tensor, task: int, iteration: int, task_end: bool) -> dict[str, float]:
-        """Run every diagnostic on the probe batch ``(x, y)``; ``{tag: value}`` for logging."""
+        """Run every diagnostic on the probe batch ``(x, y)``; ``{tag: value}`` for logging. A
+        diagnostic that raises gives NaN for the tags it gave before, with a one-time warning."""
         self.model.eval()
         probe = Probe(self.model, x, y, self.loss_fn, task, iteration, task_end)
         out: dict[str, float] = {}
-        for diagnostic in self.diagnostics:
-            out.update({k: float(v.detach()) if isinstance(v, Tensor) else float(v) for k, v in diagnostic(probe).items()})
+        for i, diagnostic in enumerate(self.diagnostics):
+            try:
+                values = {k: float(v.detach()) if isinstance(v, Tensor) else float(v) for k, v in diagnostic(probe).items()}
+            except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+                kind = type(err).__name__.lstrip("_")
+                if (i, kind) not in self._warned:
+                    self._warned.add((i, kind))
+                    name = getattr(diagnostic, "__name__", "diagnostic")
+                    first = (str(err).strip().splitlines() or [""])[0][:160]
+                    print(f"warning: {name} failed at iteration {iteration} ({kind}: {first}); "
+                          "its values are logged as NaN", file=sys.stderr)
+                values = {tag: math.nan for tag in self._tags.get(i, [])}
+            else:
+                self._tags[i] = list(values)
+            out.update(values)
         return out
 
     def metrics(self) -> dict[str, Tensor]:

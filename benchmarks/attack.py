@@ -1,0 +1,1279 @@
+"""Adversarial replay: attack the three command-line tools and count what breaks.
+
+    python benchmarks/attack.py [--code DIR] [--jobs N] [--only TEXT] [--list] [--keep]
+
+Every attack runs the real CLIs (``python -m sac_spectral.train | continual | diagnose``, and
+``benchmarks/plasticity_table.py``) as subprocesses on tiny configs, in a temporary workspace:
+kill -9 at random moments and during checkpoint writes, signals, corrupted / truncated /
+malicious / foreign checkpoints, hand-edited run directories, malformed and extreme inputs,
+unwritable paths, a full disk (a file-size limit, ``RLIMIT_FSIZE``), forced divergence, corrupt
+dataset files, and the 18 defects of issue 12. An attack is *clean* when the tool behaves as
+promised; it is a *defect* on a traceback, a wrong exit code (2 bad input; 1 non-finite, disk
+full, I/O failure; 128 + signal), silent corruption (a non-finite or unreadable checkpoint, a
+run that should have stopped), a lost or overwritten file, or a missing / misleading one-line
+message. The last line reads ``N attacks, M clean, K defects``.
+
+``--code DIR`` attacks another checkout (its tree goes first on ``PYTHONPATH``), e.g. the code
+before a fix. ``--jobs`` runs attacks in parallel (each subprocess uses one thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import os
+import pickle
+import random
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPT = Path("checkpoints") / "latest.pt"
+RL = [
+    "env=dmc:cartpole-balance", "random_steps=50", "eval_episodes=1", "eval_every=0", "diagnostics.every=0",
+    "threads=1", "progress=false", "actor.hidden=[32, 32]", "critic.hidden=[32, 32]", "batch_size=32",
+    "buffer_size=2000", "log_every=50",
+]
+CL = [
+    "progress=false", "threads=1", "model.width=32", "batch_size=16", "log_every=10", "stream.num_tasks=2",
+    "stream.iters_per_task=30", "stream.subset=100",
+]
+AS_ROOT = os.geteuid() == 0
+
+
+@dataclass
+class Proc:
+    """A finished subprocess."""
+
+    args: list[str]
+    rc: int
+    out: str
+    err: str
+
+    def show(self) -> str:
+        tail = self.err.strip().splitlines()[-3:]
+        return f"rc={self.rc}; stderr tail: {' | '.join(tail)[:300]}"
+
+
+@dataclass
+class Attack:
+    name: str
+    category: str
+    defect: int  # issue 12's defect number, 0 for an attack on something that already held
+    fn: Callable[[Ctx], list[str]]
+
+
+ATTACKS: list[Attack] = []
+
+
+def register(name: str, category: str, defect: int, fn: Callable[[Ctx], list[str]]) -> None:
+    """Add an attack; a repeated name gets a numeric suffix."""
+    taken = {a.name for a in ATTACKS}
+    unique, i = name, 2
+    while unique in taken:
+        unique, i = f"{name}_{i}", i + 1
+    ATTACKS.append(Attack(unique, category, defect, fn))
+
+
+def attack(category: str, defect: int = 0) -> Callable[[Callable[[Ctx], list[str]]], Callable[[Ctx], list[str]]]:
+    def wrap(fn: Callable[[Ctx], list[str]]) -> Callable[[Ctx], list[str]]:
+        register(fn.__name__, category, defect, fn)
+        return fn
+
+    return wrap
+
+
+@dataclass
+class Ctx:
+    """The workspace of one replay: the code under attack, finished runs to copy, helpers."""
+
+    code: Path
+    ws: Path
+    runs: dict[str, Path] = field(default_factory=dict)
+    _n: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def path(self, name: str) -> Path:
+        with self._lock:
+            self._n += 1
+            return self.ws / f"{self._n:03d}_{name}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ, PYTHONPATH=str(self.code), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env.pop("PYTHONWARNINGS", None)
+        if self.code != ROOT:
+            env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave another checkout untouched
+        return env
+
+    def popen(self, argv: Sequence[str], fsize: int | None = None, cwd: Path | None = None) -> subprocess.Popen:
+        def limit() -> None:
+            if fsize is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+        return subprocess.Popen(
+            [sys.executable, *map(str, argv)], cwd=cwd or self.ws, env=self.env(), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=limit,
+        )
+
+    def run(self, argv: Sequence[str], fsize: int | None = None, cwd: Path | None = None, timeout: float = 600) -> Proc:
+        p = self.popen(argv, fsize, cwd)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            err += "\n[attack: timed out]"
+        return Proc([str(a) for a in argv], p.returncode, out, err)
+
+    def T(self, *args: object, **kw: object) -> Proc:
+        return self.run(["-m", "sac_spectral.train", *map(str, args)], **kw)  # type: ignore[arg-type]
+
+    def C(self, *args: object, **kw: object) -> Proc:
+        return self.run(["-m", "sac_spectral.continual", *map(str, args)], **kw)  # type: ignore[arg-type]
+
+    def D(self, *args: object, **kw: object) -> Proc:
+        return self.run(["-m", "sac_spectral.diagnose", *map(str, args)], **kw)  # type: ignore[arg-type]
+
+    def copy(self, which: str, name: str) -> Path:
+        dst = self.path(name)
+        shutil.copytree(self.runs[which], dst)
+        return dst
+
+
+# ------------------------------------------------------------------------------------------ checks
+def traceback_in(p: Proc) -> bool:
+    return "Traceback (most recent call last)" in p.err or "Traceback (most recent call last)" in p.out
+
+
+def error_lines(p: Proc) -> list[str]:
+    return [ln for ln in p.err.splitlines() if ln.startswith("error:")]
+
+
+def expect_error(p: Proc, code: int, *fragments: str | tuple[str, ...]) -> list[str]:
+    """Exit ``code``, no traceback, exactly one ``error:`` line holding every fragment (a tuple:
+    any of its words), and no advice to load unsafely."""
+    problems = []
+    if traceback_in(p):
+        problems.append("traceback")
+    if p.rc != code:
+        problems.append(f"exit code {p.rc}, expected {code}")
+    lines = error_lines(p)
+    if len(lines) != 1:
+        problems.append(f"{len(lines)} 'error:' lines, expected one")
+    else:
+        low = lines[0].lower()
+        for frag in fragments:
+            alts = (frag,) if isinstance(frag, str) else frag
+            if not any(a.lower() in low for a in alts):
+                problems.append(f"message lacks {' / '.join(alts)!r}: {lines[0][:300]}")
+    if "weights_only=False" in p.err or "weights_only` to `False`" in p.err:
+        problems.append("suggests unsafe loading (weights_only=False)")
+    if problems and (len(lines) != 1 or p.rc != code):
+        problems.append(f"[{p.show()}]")
+    return problems
+
+
+def expect_ok(p: Proc, code: int = 0) -> list[str]:
+    problems = []
+    if traceback_in(p):
+        problems.append("traceback")
+    if p.rc != code:
+        problems.append(f"exit code {p.rc}, expected {code}")
+    return problems + ([f"[{p.show()}]"] if problems else [])
+
+
+def snapshot(*paths: Path) -> dict[str, str]:
+    """Content hash of every file under ``paths`` (and which paths exist)."""
+    out: dict[str, str] = {}
+    for root in paths:
+        if not root.exists():
+            continue
+        for p in [root, *root.rglob("*")] if root.is_dir() else [root]:
+            out[str(p)] = hashlib.sha1(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+    return out
+
+
+def unchanged(before: dict[str, str], *paths: Path) -> list[str]:
+    after = snapshot(*paths)
+    if after == before:
+        return []
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return [f"files changed: {', '.join(Path(c).name for c in changed[:5])}"]
+
+
+def nonfinite_tensors(x: object, where: str = "") -> list[str]:
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() and not torch.isfinite(x).all():
+            return [f"{where} ({int((~torch.isfinite(x)).sum())} non-finite)"]
+        return []
+    if isinstance(x, dict):
+        return [w for k, v in x.items() for w in nonfinite_tensors(v, f"{where}.{k}")]
+    if isinstance(x, (list, tuple)):
+        return [w for i, v in enumerate(x) for w in nonfinite_tensors(v, f"{where}[{i}]")]
+    return []
+
+
+def checkpoint_sound(path: Path) -> tuple[list[str], dict | None]:
+    """The checkpoint loads safely and every floating tensor in it is finite."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - anything unreadable is the finding
+        return [f"checkpoint {path} unreadable: {str(err).splitlines()[0][:120]}"], None
+    bad = nonfinite_tensors(state)
+    return ([f"non-finite values in the checkpoint: {', '.join(bad[:3])}"] if bad else []), state
+
+
+def temp_files(run_dir: Path) -> list[Path]:
+    return [p for p in run_dir.rglob(".*.tmp")]
+
+
+def unwritable_dir(ctx: Ctx, name: str) -> Path:
+    """A directory path nothing can be created in: under a regular file (chmod does not stop root)."""
+    if AS_ROOT:
+        blocker = ctx.path(f"{name}_file")
+        blocker.write_text("a regular file\n")
+        return blocker / "sub"
+    d = ctx.path(f"{name}_ro")
+    d.mkdir()
+    d.chmod(0o555)
+    return d / "sub"
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+def make_fixtures(ctx: Ctx) -> None:
+    """A finished RL run R, a finished continual run RC, and a second RL run with other widths."""
+    jobs = {
+        "R": ["-m", "sac_spectral.train", *RL, "total_steps=150", "checkpoint_every=50"],
+        "R_wide": ["-m", "sac_spectral.train", *RL, "total_steps=100", "actor.hidden=[48, 48]", "critic.hidden=[48, 48]"],
+        "RC": ["-m", "sac_spectral.continual", *CL],
+    }
+    for key, argv in jobs.items():
+        rd = ctx.ws / f"fixture_{key}"
+        p = ctx.run([*argv, f"run_dir={rd}"])
+        if p.rc != 0:
+            raise SystemExit(f"fixture {key} failed: {p.show()}")
+        ctx.runs[key] = rd
+
+
+# ================================================================================= issue 12 defects
+@attack("silent corruption", 1)
+def optimizer_state_overflow_rl(ctx: Ctx) -> list[str]:
+    rd = ctx.path("adam_inf")
+    p = ctx.T(*RL, "total_steps=600", "checkpoint_every=100", "critic.lr=1e3", "actor.lr=1e3", f"run_dir={rd}")
+    problems = expect_error(p, 1, "non-finite")
+    if (rd / CKPT).exists():
+        problems += checkpoint_sound(rd / CKPT)[0]
+    return problems
+
+
+@attack("silent corruption", 1)
+def optimizer_state_overflow_continual(ctx: Ctx) -> list[str]:
+    rd = ctx.path("adam_inf_cl")
+    p = ctx.C(*CL, "stream.num_tasks=4", "optimizer.lr=1e30", "regularizers=[]", "gradient_diagnostics=false",
+              f"run_dir={rd}")
+    problems = expect_error(p, 1, "non-finite")
+    if (rd / CKPT).exists():
+        problems += checkpoint_sound(rd / CKPT)[0]
+    return problems
+
+
+def _edit_config(rd: Path, key: str, value: object) -> None:
+    data = yaml.safe_load((rd / "config.yaml").read_text())
+    node = data
+    *parents, last = key.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    (rd / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@attack("hand-edited run dir", 2)
+def edited_replay_ratio_on_resume(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "edit_rr")
+    _edit_config(rd, "replay_ratio", 4.0)
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "replay_ratio") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir", 2)
+def edited_env_on_resume(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "edit_env")
+    _edit_config(rd, "env", "dmc:cheetah-run")
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "env") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir", 2)
+def edited_hidden_on_resume(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "edit_hidden")
+    _edit_config(rd, "critic.hidden", [64, 64])
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "critic.hidden") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir", 2)
+def edited_seed_on_resume(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "edit_seed")
+    _edit_config(rd, "seed", 7)
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "seed") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir", 2)
+def edited_model_width_on_continual_resume(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("RC", "edit_width")
+    _edit_config(rd, "optimizer.lr", 0.5)
+    before = snapshot(rd)
+    return expect_error(ctx.C("--resume", rd, "stream.num_tasks=3"), 2, "optimizer.lr") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir", 2)
+def foreign_checkpoint_of_another_config(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "foreign_ckpt")
+    shutil.copy(ctx.runs["R_wide"] / CKPT, rd / CKPT)
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "hidden") + unchanged(before, rd)
+
+
+@attack("resume", 3)
+def resume_total_steps_below_step(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "steps_below")
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=100"), 2, "total_steps") + unchanged(before, rd)
+
+
+@attack("resume", 3)
+def resume_num_tasks_below_done(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("RC", "tasks_below")
+    before = snapshot(rd)
+    return expect_error(ctx.C("--resume", rd, "stream.num_tasks=1"), 2, "num_tasks") + unchanged(before, rd)
+
+
+def _corrupt(kind: str, path: Path, ctx: Ctx) -> None:
+    data = path.read_bytes()
+    if kind == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random":
+        path.write_bytes(random.Random(0).randbytes(len(data)))
+    elif kind in ("flipped_tensor_bytes", "flipped_header_bytes"):
+        with zipfile.ZipFile(path) as z:
+            records = [i for i in z.infolist() if ("/data/" in i.filename) == (kind == "flipped_tensor_bytes")]
+        rec = max(records, key=lambda i: i.file_size)
+        name_len, extra_len = struct.unpack("<HH", data[rec.header_offset + 26 : rec.header_offset + 30])
+        start = rec.header_offset + 30 + name_len + extra_len if kind == "flipped_tensor_bytes" else rec.header_offset + 30
+        b = bytearray(data)
+        for i in range(start, start + 8):
+            b[i] ^= 0xFF
+        path.write_bytes(bytes(b))
+    elif kind == "malicious":
+        marker = path.parent / "PWNED"
+
+        class Evil:
+            def __reduce__(self) -> tuple:
+                return (os.system, (f"touch {marker}",))
+
+        torch.save({"step": 1, "x": Evil()}, path)
+    elif kind == "plain_pickle":
+        path.write_bytes(pickle.dumps({"step": 1}))
+    elif kind == "wrong_structure":
+        torch.save({"step": 10, "weights": torch.zeros(3)}, path)
+    elif kind == "zip_garbage":
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("archive/data.pkl", b"not a pickle")
+    elif kind == "directory":
+        path.unlink()
+        path.mkdir()
+
+
+CORRUPTIONS = ("truncated", "empty", "random", "flipped_tensor_bytes", "flipped_header_bytes", "malicious", "plain_pickle", "wrong_structure", "zip_garbage",
+               "directory")
+
+
+def _corrupt_attack(kind: str, tool: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.copy("RC" if tool == "continual" else "R", f"corrupt_{kind}_{tool}")
+        _corrupt(kind, rd / CKPT, ctx)
+        before = snapshot(rd)
+        if tool == "train":
+            p = ctx.T("--resume", rd, "total_steps=200")
+        elif tool == "continual":
+            p = ctx.C("--resume", rd, "stream.num_tasks=3")
+        else:
+            p = ctx.D(rd)
+        problems = expect_error(p, 2, "latest.pt") + unchanged(before, rd)
+        if (rd / "checkpoints" / "PWNED").exists():
+            problems.append("the malicious checkpoint ran code")
+        return problems
+
+    fn.__name__ = f"checkpoint_{kind}_{tool}"
+    return fn
+
+
+for _kind in CORRUPTIONS:
+    for _tool in ("train", "diagnose"):
+        attack("corrupt checkpoint", 4)(_corrupt_attack(_kind, _tool))
+for _kind in ("truncated", "random", "malicious"):
+    attack("corrupt checkpoint", 4)(_corrupt_attack(_kind, "continual"))
+
+
+@attack("malformed input", 5)
+def binary_config_file_train(ctx: Ctx) -> list[str]:
+    f = ctx.path("binary.yaml")
+    f.write_bytes(bytes(range(256)) * 4)
+    rd = ctx.path("binary_rd")
+    return expect_error(ctx.T("--config", f, f"run_dir={rd}"), 2, str(f.name)) + (["run dir written"] if rd.exists() else [])
+
+
+@attack("malformed input", 5)
+def binary_config_file_continual(ctx: Ctx) -> list[str]:
+    f = ctx.path("binary.yaml")
+    f.write_bytes(b"\xff\xfe\x00\x81" * 100)
+    rd = ctx.path("binary_rd")
+    return expect_error(ctx.C("--config", f, f"run_dir={rd}"), 2, str(f.name)) + (["run dir written"] if rd.exists() else [])
+
+
+def _bad_value_attack(tool: str, overrides: Sequence[str], key: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.path("bad_value")
+        base = RL if tool == "train" else CL
+        p = (ctx.T if tool == "train" else ctx.C)(*base, "total_steps=150" if tool == "train" else "seed=0",
+                                                   *overrides, f"run_dir={rd}")
+        return expect_error(p, 2, key) + (["run dir written"] if rd.exists() else [])
+
+    fn.__name__ = f"{tool}_{'_'.join(overrides).replace('=', '_').replace('.', '_')}"
+    return fn
+
+
+for _tool, _override, _key in [
+    ("train", "critic.lr=inf", "critic.lr"), ("train", "alpha.init=inf", "alpha.init"),
+    ("train", "alpha.lr=inf", "alpha.lr"), ("train", "actor.log_std_max=inf", "log_std_max"),
+    ("train", "alpha.target_entropy_scale=nan", "target_entropy_scale"), ("train", "replay_ratio=inf", "replay_ratio"),
+    ("train", "gamma=nan", "gamma"), ("train", "tau=nan", "tau"),
+    ("train", "critic.regularizers=[{name: spectral, coef: .inf}]", "coef"),
+    ("continual", "optimizer.lr=inf", "optimizer.lr"), ("continual", "optimizer.eps=nan", "optimizer.eps"),
+    ("continual", "dormant_tau=nan", "dormant_tau"), ("continual", "optimizer.weight_decay=inf", "weight_decay"),
+]:
+    attack("extreme input", 6)(_bad_value_attack(_tool, [_override], _key))
+
+for _tool, _override in [("train", "seed=-1"), ("train", "seed=1e20"), ("continual", "seed=-1"), ("continual", "seed=1e20"),
+                         ("train", "num_seeds=3 seed=2147483647")]:
+    attack("extreme input", 7)(_bad_value_attack(_tool, _override.split(), "seed"))
+
+
+def _memory_attack(tool: str, *overrides: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.path("memory")
+        p = (ctx.T(*RL, "total_steps=200", *overrides, f"run_dir={rd}") if tool == "train"
+             else ctx.C(*CL, *overrides, f"run_dir={rd}"))
+        return expect_error(p, 2, "memory") + (["run dir written"] if rd.exists() else [])
+
+    fn.__name__ = f"memory_{tool}_{'_'.join(o.split('=')[0].replace('.', '_') for o in overrides)}"
+    return fn
+
+
+for _tool, _ovs in [
+    ("train", ("buffer_size=1000000000000",)), ("train", ("batch_size=100000000",)),
+    ("train", ("critic.hidden=[100000, 100000]",)), ("continual", ("batch_size=100000000",)),
+    ("continual", ("model.width=1000000",)),
+    ("continual", ("dataset.name=synthetic", "dataset.synthetic.dim=1000000000")),
+]:
+    attack("extreme input", 8)(_memory_attack(_tool, *_ovs))
+
+
+@attack("unwritable path", 9)
+def unwritable_run_dir_train(ctx: Ctx) -> list[str]:
+    rd = unwritable_dir(ctx, "ro_train")
+    return expect_error(ctx.T(*RL, "total_steps=100", f"run_dir={rd}"), 2, "run_dir")
+
+
+@attack("unwritable path", 9)
+def unwritable_run_dir_continual(ctx: Ctx) -> list[str]:
+    rd = unwritable_dir(ctx, "ro_cl")
+    return expect_error(ctx.C(*CL, f"run_dir={rd}"), 2, "run_dir")
+
+
+@attack("unwritable path", 9)
+def diagnose_json_to_unwritable_path(ctx: Ctx) -> list[str]:
+    out = unwritable_dir(ctx, "ro_json") / "values.json"
+    return expect_error(ctx.D(ctx.runs["R"], "--json", out), 2, "values.json")
+
+
+@attack("unwritable path", 9)
+def diagnose_plot_to_unwritable_path(ctx: Ctx) -> list[str]:
+    out = unwritable_dir(ctx, "ro_plot") / "plot.png"
+    return expect_error(ctx.D(ctx.runs["R"], "--plot", out), 2, "plot.png")
+
+
+def _disk_full(tool: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.copy("RC" if tool == "continual" else "R", f"disk_full_{tool}")
+        size = (rd / CKPT).stat().st_size
+        good = (rd / CKPT).read_bytes()
+        extra = ["stream.num_tasks=4"] if tool == "continual" else ["total_steps=400"]
+        p = (ctx.C if tool == "continual" else ctx.T)("--resume", rd, *extra, fsize=size)
+        problems = expect_error(p, 1, ("space", "full", "too large"), "--resume")
+        if not (rd / CKPT).is_file() or (rd / CKPT).read_bytes() != good:
+            problems.append("the last good checkpoint was not kept")
+        if temp_files(rd):
+            problems.append(f"temporary files left: {[t.name for t in temp_files(rd)]}")
+        return problems
+
+    fn.__name__ = f"disk_full_while_checkpointing_{tool}"
+    return fn
+
+
+attack("disk full", 10)(_disk_full("train"))
+attack("disk full", 10)(_disk_full("continual"))
+
+
+@attack("disk full", 10)
+def disk_full_at_run_start(ctx: Ctx) -> list[str]:
+    rd = ctx.path("disk_full_start")
+    p = ctx.T(*RL, "total_steps=200", f"run_dir={rd}", fsize=1)
+    return expect_error(p, 1, ("space", "full", "too large"))
+
+
+@attack("forced divergence", 11)
+def continual_diverges_within_a_task(ctx: Ctx) -> list[str]:
+    rd = ctx.path("diverge_task")
+    p = ctx.C(*CL, "stream.iters_per_task=50", "log_every=100", "optimizer.lr=1e10", f"run_dir={rd}")
+    problems = expect_error(p, 1, "non-finite")
+    if (rd / "summary.json").exists():
+        problems.append("a diverged run wrote a summary")
+    return problems
+
+
+@attack("forced divergence", 11)
+def rl_diverges_with_diagnostics_on(ctx: Ctx) -> list[str]:
+    rd = ctx.path("diverge_diag")
+    p = ctx.T(*RL, "total_steps=400", "log_every=200", "diagnostics.every=20", "diagnostics.batch_size=32",
+              "critic.lr=1e12", "actor.lr=1e12", f"run_dir={rd}")
+    return expect_error(p, 1, "non-finite")
+
+
+def _idx(shape: Sequence[int], dtype_code: int = 0x08) -> bytes:
+    header = bytes([0, 0, dtype_code, len(shape)]) + struct.pack(f">{len(shape)}i", *shape)
+    count = 1
+    for s in shape:
+        count *= s
+    return header + bytes(random.Random(len(shape)).randrange(10) for _ in range(count))
+
+
+def _mnist_dir(ctx: Ctx, name: str, train_images: int = 100, train_labels: int = 100) -> Path:
+    root = ctx.path(name)
+    d = root / "mnist"
+    d.mkdir(parents=True)
+    (d / "train-images-idx3-ubyte").write_bytes(_idx([train_images, 8, 8]))
+    (d / "train-labels-idx1-ubyte").write_bytes(_idx([train_labels]))
+    (d / "t10k-images-idx3-ubyte").write_bytes(_idx([50, 8, 8]))
+    (d / "t10k-labels-idx1-ubyte").write_bytes(_idx([50]))
+    return root
+
+
+def _dataset_attack(name: str, damage: Callable[[Path], None], fragment: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        root = _mnist_dir(ctx, name)
+        damage(root / "mnist")
+        rd = ctx.path("data_rd")
+        p = ctx.C(*CL, "dataset.name=mnist", f"dataset.data_dir={root}", f"run_dir={rd}")
+        return expect_error(p, 2, fragment) + (["run dir written"] if rd.exists() else [])
+
+    fn.__name__ = f"dataset_{name}"
+    return fn
+
+
+def _truncate_header(d: Path) -> None:
+    (d / "train-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3, 0, 0]))
+
+
+def _bad_gz(d: Path) -> None:
+    (d / "train-labels-idx1-ubyte").unlink()
+    (d / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b\x08\x00garbage-not-deflate")
+
+
+def _label_mismatch(d: Path) -> None:
+    (d / "train-labels-idx1-ubyte").write_bytes(_idx([50]))
+
+
+def _negative_labels(d: Path) -> None:
+    (d / "train-labels-idx1-ubyte").write_bytes(_idx([100], 0x09)[:-1] + b"\xff")
+
+
+attack("corrupt dataset", 12)(_dataset_attack("truncated_idx_header", _truncate_header, "train-images-idx3-ubyte"))
+attack("corrupt dataset", 12)(_dataset_attack("bad_gzip", _bad_gz, "train-labels-idx1-ubyte"))
+attack("corrupt dataset", 12)(_dataset_attack("images_labels_mismatch", _label_mismatch, "label"))
+attack("corrupt dataset", 12)(_dataset_attack("negative_label", _negative_labels, "label"))
+
+
+@attack("malformed input", 13)
+def diagnose_negative_threads(ctx: Ctx) -> list[str]:
+    return expect_error(ctx.D(ctx.runs["R"], "--threads", "-1"), 2, "threads")
+
+
+@attack("malformed input", 13)
+def diagnose_nan_tau(ctx: Ctx) -> list[str]:
+    return expect_error(ctx.D(ctx.runs["R"], "--tau", "nan"), 2, "tau")
+
+
+@attack("malformed input", 13)
+def diagnose_batch_size_one(ctx: Ctx) -> list[str]:
+    return expect_error(ctx.D(ctx.runs["R"], "--batch-size", "1"), 2, "batch")
+
+
+@attack("broken feature", 14)
+def redo_in_the_continual_runner(ctx: Ctx) -> list[str]:
+    rd = ctx.path("redo_cl")
+    return expect_ok(ctx.C(*CL, "regularizers=[{name: redo, every: 20, tau: 0.5}]", f"run_dir={rd}"))
+
+
+@attack("broken feature", 14)
+def every_registered_regularizer_in_the_continual_runner(ctx: Ctx) -> list[str]:
+    specs = ("[{name: l2}, {name: l2_init}, {name: wasserstein_init}, {name: parseval}, {name: spectral},"
+             " {name: spectral_norm}, {name: shrink_perturb, every: 7}, {name: redo, every: 11, tau: 0.5},"
+             " {name: reset, every: 25, last: 1}]")
+    rd = ctx.path("every_reg_cl")
+    return expect_ok(ctx.C(*CL, f"regularizers={specs}", f"run_dir={rd}"))
+
+
+def _kill_before_first_checkpoint(ctx: Ctx, rd: Path) -> None:
+    p = ctx.popen(["-m", "sac_spectral.train", *RL, "total_steps=100000", "checkpoint_every=100000", f"run_dir={rd}"])
+    deadline = time.monotonic() + 120
+    while not (rd / "config.yaml").exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    p.kill()
+    p.communicate()
+
+
+@attack("kill -9", 15)
+def resume_after_kill_before_first_checkpoint(ctx: Ctx) -> list[str]:
+    rd = ctx.path("dead_resume")
+    _kill_before_first_checkpoint(ctx, rd)
+    p = ctx.T("--resume", rd, "total_steps=120")
+    problems = expect_ok(p)
+    if p.rc == 0 and not (rd / "summary.json").exists():
+        problems.append("no summary after the restarted run")
+    return problems
+
+
+@attack("kill -9", 15)
+def fresh_run_into_dir_killed_before_first_checkpoint(ctx: Ctx) -> list[str]:
+    rd = ctx.path("dead_fresh")
+    _kill_before_first_checkpoint(ctx, rd)
+    return expect_ok(ctx.T(*RL, "total_steps=120", f"run_dir={rd}"))
+
+
+@attack("kill -9", 16)
+def stale_temp_file_removed_on_resume(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "stale_tmp")
+    stale = rd / "checkpoints" / ".latest.pt.k1ll3d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    problems = expect_ok(ctx.T("--resume", rd, "total_steps=200"))
+    if stale.exists() or temp_files(rd):
+        problems.append("the stale temporary file is still there")
+    return problems
+
+
+@attack("command line", 17)
+def overrides_before_and_after_config_train(ctx: Ctx) -> list[str]:
+    cfg = ctx.path("cfg.yaml")
+    cfg.write_text("total_steps: 120\n")
+    rd = ctx.path("intermixed")
+    p = ctx.T(*RL[:6], "--config", cfg, *RL[6:], f"run_dir={rd}")
+    problems = expect_ok(p)
+    if p.rc == 0 and yaml.safe_load((rd / "config.yaml").read_text())["total_steps"] != 120:
+        problems.append("the --config file was not applied")
+    return problems
+
+
+@attack("command line", 17)
+def overrides_before_and_after_config_continual(ctx: Ctx) -> list[str]:
+    cfg = ctx.path("cfg.yaml")
+    cfg.write_text("stream:\n  num_tasks: 2\n")
+    rd = ctx.path("intermixed_cl")
+    return expect_ok(ctx.C(*CL[:3], "--config", cfg, *CL[3:], f"run_dir={rd}"))
+
+
+@attack("command line", 17)
+def override_before_resume(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "override_first")
+    return expect_ok(ctx.T("total_steps=200", "--resume", rd))
+
+
+@attack("command line", 17)
+def plasticity_table_overrides_between_options(ctx: Ctx) -> list[str]:
+    out = ctx.path("table")
+    p = ctx.run([ctx.code / "benchmarks" / "plasticity_table.py", "--methods", "none", "stream.num_tasks=2",
+                 "--seeds", "0", *CL, "--out", out])
+    problems = expect_ok(p)
+    if p.rc == 0 and not (out / "table.json").exists():
+        problems.append("no table.json")
+    return problems
+
+
+@attack("misleading message", 18)
+def run_dir_is_a_file(ctx: Ctx) -> list[str]:
+    f = ctx.path("a_file")
+    f.write_text("keep me\n")
+    return expect_error(ctx.T(*RL, f"run_dir={f}"), 2, "not a directory") + (["file changed"] if f.read_text() != "keep me\n" else [])
+
+
+@attack("misleading message", 18)
+def empty_run_dir(ctx: Ctx) -> list[str]:
+    cwd = ctx.path("cwd")
+    cwd.mkdir()
+    p = ctx.run(["-m", "sac_spectral.train", *RL, "total_steps=100", "run_dir="], cwd=cwd)
+    return expect_error(p, 2, "run_dir") + ([f"wrote into the current directory: {os.listdir(cwd)}"] if any(cwd.iterdir()) else [])
+
+
+@attack("misleading message", 18)
+def config_is_a_directory(ctx: Ctx) -> list[str]:
+    d = ctx.path("cfgdir")
+    d.mkdir()
+    return expect_error(ctx.T("--config", d), 2, "directory")
+
+
+@attack("misleading message", 18)
+def duplicate_yaml_keys(ctx: Ctx) -> list[str]:
+    f = ctx.path("dup.yaml")
+    f.write_text("total_steps: 100\ntotal_steps: 200\n")
+    rd = ctx.path("dup_rd")
+    return expect_error(ctx.T("--config", f, *RL, f"run_dir={rd}"), 2, "duplicate") + (["run dir written"] if rd.exists() else [])
+
+
+@attack("misleading message", 18)
+def diagnose_on_a_continual_run(ctx: Ctx) -> list[str]:
+    p = ctx.D(ctx.runs["RC"])
+    if p.rc == 0:
+        return expect_ok(p)
+    return expect_error(p, 2, "continual")
+
+
+# ================================================================================= what already held
+def _kill_randomly(ctx: Ctx, tool: str, seed: int) -> list[str]:
+    rd = ctx.path(f"kill_{tool}_{seed}")
+    rng = random.Random(seed)
+    if tool == "train":
+        argv = ["-m", "sac_spectral.train", *RL, "total_steps=1000000", "checkpoint_every=25", f"run_dir={rd}"]
+    else:
+        argv = ["-m", "sac_spectral.continual", *CL, "stream.num_tasks=100000", "stream.iters_per_task=5",
+                f"run_dir={rd}"]
+    p = ctx.popen(argv)
+    deadline = time.monotonic() + 180
+    while not (rd / CKPT).exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0.0, 2.0))
+    p.kill()
+    p.communicate()
+    problems, state = checkpoint_sound(rd / CKPT)
+    if state is None:
+        return problems
+    if tool == "train":
+        step = int(state["step"])
+        r = ctx.T("--resume", rd, f"total_steps={step + 30}")
+    else:
+        r = ctx.C("--resume", rd, f"stream.num_tasks={int(state['iteration']) // 5 + 2}")
+    return problems + expect_ok(r)
+
+
+for _seed in range(4):
+    register(f"kill9_random_train_{_seed}", "kill -9", 0, lambda ctx, s=_seed: _kill_randomly(ctx, "train", s))
+for _seed in range(2):
+    register(f"kill9_random_continual_{_seed}", "kill -9", 0, lambda ctx, s=_seed: _kill_randomly(ctx, "continual", s))
+
+
+def _kill_during_write(ctx: Ctx, seed: int) -> list[str]:
+    """Big networks make every checkpoint write take a while; kill when a temp file appears."""
+    rd = ctx.path(f"kill_write_{seed}")
+    argv = ["-m", "sac_spectral.train", *RL, "actor.hidden=[1024, 1024]", "critic.hidden=[1024, 1024]",
+            "random_steps=1000000", "total_steps=1000000", "checkpoint_every=100", f"run_dir={rd}"]
+    p = ctx.popen(argv)
+    rng = random.Random(seed)
+    deadline = time.monotonic() + 180
+    seen = 0
+    while p.poll() is None and time.monotonic() < deadline:
+        if (rd / "checkpoints").is_dir() and temp_files(rd):
+            seen += 1
+            if seen > 1 + seed:  # not always the first write
+                time.sleep(rng.uniform(0.0, 0.02))
+                break
+            while temp_files(rd) and p.poll() is None:
+                time.sleep(0.002)
+        time.sleep(0.002)
+    p.kill()
+    p.communicate()
+    if not (rd / CKPT).exists():
+        return ["no checkpoint after several writes"]
+    problems, state = checkpoint_sound(rd / CKPT)
+    if state is None:
+        return problems
+    r = ctx.T("--resume", rd, f"total_steps={int(state['step']) + 20}")
+    return problems + expect_ok(r)
+
+
+for _seed in range(3):
+    register(f"kill9_during_checkpoint_write_{_seed}", "kill -9", 0, lambda ctx, s=_seed: _kill_during_write(ctx, s))
+
+
+def _signal_attack(tool: str, sig: int, twice: bool = False) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.path(f"signal_{tool}")
+        if tool == "train":
+            argv = ["-m", "sac_spectral.train", *RL, "total_steps=1000000", f"run_dir={rd}"]
+        else:
+            argv = ["-m", "sac_spectral.continual", *CL, "stream.num_tasks=100000", "stream.iters_per_task=5",
+                    f"run_dir={rd}"]
+        p = ctx.popen(argv)
+        deadline = time.monotonic() + 120
+        while not (rd / "config.yaml").exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(1.0)
+        p.send_signal(sig)
+        if twice:
+            time.sleep(0.001)
+            p.send_signal(sig)
+        out, err = p.communicate(timeout=120)
+        res = Proc(argv, p.returncode, out, err)
+        problems = expect_ok(res, 128 + sig)
+        if twice:
+            return problems
+        if f"--resume {rd}" not in err:
+            problems.append("no resume command printed")
+        bad, state = checkpoint_sound(rd / CKPT)
+        if state is None:
+            return problems + bad
+        if tool == "train":
+            r = ctx.T("--resume", rd, f"total_steps={int(state['step']) + 20}")
+        else:
+            r = ctx.C("--resume", rd, f"stream.num_tasks={int(state['iteration']) // 5 + 2}")
+        return problems + bad + expect_ok(r)
+
+    fn.__name__ = f"{signal.Signals(sig).name}{'_twice' if twice else ''}_{tool}"
+    return fn
+
+
+for _tool in ("train", "continual"):
+    attack("signal")(_signal_attack(_tool, signal.SIGINT))
+    attack("signal")(_signal_attack(_tool, signal.SIGTERM))
+attack("signal")(_signal_attack("train", signal.SIGINT, twice=True))
+
+
+def _plain_error(tool: str, args: Sequence[str], code: int, *fragments: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.path("plain")
+        base = RL if tool == "train" else CL
+        p = (ctx.T if tool == "train" else ctx.C)(*base, *args, f"run_dir={rd}")
+        return expect_error(p, code, *fragments) + (["run dir written"] if rd.exists() else [])
+
+    fn.__name__ = f"{tool}_" + "_".join(a.split("=")[0].strip("-").replace(".", "_") for a in args)
+    return fn
+
+
+for _tool, _args, _frag in [
+    ("train", ["critic.lrr=1e-3"], "critic.lrr"), ("train", ["total_steps=ten"], "total_steps"),
+    ("train", ["replay_ratio=-2"], "replay_ratio"), ("train", ["env=dmc:cheetah-runn"], "cheetah-run"),
+    ("train", ["env="], "env"), ("train", ["critic.regularizers=[{name: nope}]"], "nope"),
+    ("train", ["critic.regularizers=[{name: spectral, coef: -1}]"], "coef"),
+    ("train", ["critic.regularizers=[{name: spectral, cof: 1}]"], "cof"),
+    ("train", ["critic.regularizers=spectral"], "regularizers"),
+    ("train", ["device=cuda:7"], "device"), ("train", ["precision=fp16"], "precision"),
+    ("train", ["num_seeds=0"], "num_seeds"), ("train", ["total_steps=0"], "total_steps"),
+    ("train", ["batch_size=0"], "batch_size"), ("train", ["critic.hidden=[]"], "hidden"),
+    ("train", ["critic.hidden=[0, 5]"], "hidden"), ("train", ["critic.hidden=32"], "hidden"),
+    ("train", ["critic.activation=swish"], "activation"), ("train", ["gamma=1.5"], "gamma"),
+    ("train", ["actor.log_std_min=3"], "log_std_min"), ("train", ["critic.num_critics=0"], "num_critics"),
+    ("train", ["resets.what=some"], "resets.what"), ("train", ["diagnostics.batch_size=1"], "batch_size"),
+    ("train", ["total_steps"], "total_steps"), ("train", ["=5"], "empty key"), ("train", ["a..b=1"], "empty key"),
+    ("train", ["critic.lr=[1, 2"], "critic.lr"), ("train", ["progress=maybe"], "progress"),
+    ("train", ["total_steps=1e3.5"], "total_steps"), ("train", ["x" * 5000 + "=1"], "unknown"),
+    ("continual", ["dataset.name=imagenet"], "dataset.name"), ("continual", ["stream.kind=shuffle"], "stream.kind"),
+    ("continual", ["model.name=deep_linear"], "deep_linear"), ("continual", ["dtype=float16"], "dtype"),
+    ("continual", ["optimizer.beta2=1"], "beta2"), ("continual", ["stream.iters_per_task=0"], "iters_per_task"),
+    ("continual", ["dataset.name=mnist", "dataset.data_dir=/nonexistent"], "mnist"),
+    ("continual", ["model.name=vit", "model.patch=3"], "patch"),
+    ("continual", ["dataset.synthetic.classes=1", "dataset.name=synthetic"], "classes"),
+    ("continual", ["regularizers=[{name: redo, tau: 2}]"], "tau"),
+]:
+    attack("malformed input")(_plain_error(_tool, _args, 2, _frag))
+
+
+def _config_file_attack(name: str, text: str | bytes, fragment: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        f = ctx.path(f"{name}.yaml")
+        f.write_bytes(text if isinstance(text, bytes) else text.encode())
+        rd = ctx.path("cfgfile_rd")
+        return expect_error(ctx.T("--config", f, f"run_dir={rd}"), 2, fragment) + (["run dir written"] if rd.exists() else [])
+
+    fn.__name__ = f"config_file_{name}"
+    return fn
+
+
+for _name, _text, _frag in [
+    ("not_yaml", "a: [1, 2\n", "yaml"), ("a_list", "- 1\n- 2\n", "mapping"), ("unknown_key", "totl_steps: 5\n", "totl_steps"),
+    ("python_tag", "total_steps: !!python/object/apply:os.system ['true']\n", "yaml"),
+    ("nested_wrong", "critic: 5\n", "critic"),
+]:
+    attack("malformed input")(_config_file_attack(_name, _text, _frag))
+
+
+@attack("malformed input")
+def missing_config_file(ctx: Ctx) -> list[str]:
+    return expect_error(ctx.T("--config", ctx.ws / "nope.yaml"), 2, "nope.yaml")
+
+
+@attack("malformed input")
+def resume_with_config(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "resume_config")
+    f = ctx.path("c.yaml")
+    f.write_text("total_steps: 5\n")
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "--config", f), 2, "--config") + unchanged(before, rd)
+
+
+@attack("malformed input")
+def resume_nonexistent(ctx: Ctx) -> list[str]:
+    return expect_error(ctx.T("--resume", ctx.ws / "no_such_run"), 2, "no_such_run")
+
+
+@attack("malformed input")
+def resume_non_resumable_override(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "resume_bad_key")
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "critic.lr=1"), 2, "critic.lr") + unchanged(before, rd)
+
+
+@attack("malformed input")
+def resume_continual_run_with_train(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("RC", "wrong_tool")
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=10"), 2) + unchanged(before, rd)
+
+
+@attack("malformed input")
+def existing_run_dir_not_overwritten(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "exists")
+    before = snapshot(rd)
+    return expect_error(ctx.T(*RL, f"run_dir={rd}"), 2, "--resume") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir")
+def resume_without_config_yaml(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "no_config")
+    (rd / "config.yaml").unlink()
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "config.yaml") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir")
+def resume_with_garbage_config_yaml(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "garbage_config")
+    (rd / "config.yaml").write_text("replay_ratio: [\n")
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "config.yaml") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir")
+def resume_with_unknown_key_in_config_yaml(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "unknown_config_key")
+    with open(rd / "config.yaml", "a") as f:
+        f.write("bogus: 1\n")
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "bogus") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir")
+def resume_after_editing_a_resumable_key(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "edit_resumable")
+    _edit_config(rd, "total_steps", 200)
+    p = ctx.T("--resume", rd)
+    problems = expect_ok(p)
+    if p.rc == 0 and '"steps": 200' not in (rd / "summary.json").read_text():
+        problems.append("the edited total_steps was not honoured")
+    return problems
+
+
+@attack("hand-edited run dir")
+def resume_finished_run_with_summary_but_no_checkpoint(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "no_ckpt_summary")
+    (rd / CKPT).unlink()
+    before = snapshot(rd)
+    return expect_error(ctx.T("--resume", rd, "total_steps=200"), 2, "latest.pt") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir")
+def resume_extends_a_finished_run(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "extend")
+    p = ctx.T("--resume", rd, "total_steps=200")
+    problems = expect_ok(p)
+    bad, state = checkpoint_sound(rd / CKPT)
+    if state is not None and int(state["step"]) != 200:
+        problems.append(f"checkpoint at step {state['step']}, expected 200")
+    return problems + bad
+
+
+@attack("hand-edited run dir")
+def resume_at_the_same_total_steps(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "same_total")
+    return expect_ok(ctx.T("--resume", rd, "total_steps=150"))
+
+
+@attack("diagnose")
+def diagnose_a_run(ctx: Ctx) -> list[str]:
+    out = ctx.path("values.json")
+    p = ctx.D(ctx.runs["R"], "--json", out, "--batch-size", "32")
+    return expect_ok(p) + ([] if out.exists() else ["no JSON written"])
+
+
+@attack("diagnose")
+def diagnose_nonexistent(ctx: Ctx) -> list[str]:
+    return expect_error(ctx.D(ctx.ws / "nothing_here"), 2, "nothing_here")
+
+
+@attack("diagnose")
+def diagnose_without_checkpoint(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "diag_no_ckpt")
+    (rd / CKPT).unlink()
+    return expect_error(ctx.D(rd), 2, "latest.pt")
+
+
+@attack("diagnose")
+def diagnose_unknown_option(ctx: Ctx) -> list[str]:
+    p = ctx.D(ctx.runs["R"], "--bogus")
+    return expect_ok(p, 2)
+
+
+@attack("extreme input")
+def total_steps_one(ctx: Ctx) -> list[str]:
+    return expect_ok(ctx.T(*RL, "total_steps=1", f"run_dir={ctx.path('one_step')}"))
+
+
+@attack("extreme input")
+def random_steps_beyond_total(ctx: Ctx) -> list[str]:
+    return expect_ok(ctx.T(*RL, "total_steps=60", "random_steps=1000", f"run_dir={ctx.path('all_random')}"))
+
+
+@attack("extreme input")
+def buffer_size_one_batch_size_one(ctx: Ctx) -> list[str]:
+    return expect_ok(ctx.T(*RL, "total_steps=80", "buffer_size=1", "batch_size=1", f"run_dir={ctx.path('tiny_buf')}"))
+
+
+@attack("extreme input")
+def tiny_replay_ratio_and_width_one(ctx: Ctx) -> list[str]:
+    return expect_ok(ctx.T(*RL, "total_steps=100", "replay_ratio=0.001", "critic.hidden=[1]", "actor.hidden=[1]",
+                           f"run_dir={ctx.path('tiny_rr')}"))
+
+
+@attack("extreme input")
+def every_interval_one(ctx: Ctx) -> list[str]:
+    return expect_ok(ctx.T(*RL, "total_steps=70", "log_every=1", "checkpoint_every=1", "eval_every=20",
+                           "diagnostics.every=5", "diagnostics.batch_size=8", f"run_dir={ctx.path('every1')}"))
+
+
+@attack("extreme input")
+def huge_action_repeat_and_three_seeds(ctx: Ctx) -> list[str]:
+    return expect_ok(ctx.T(*RL, "total_steps=60", "action_repeat=50", "num_seeds=3", f"run_dir={ctx.path('repeat')}"))
+
+
+@attack("extreme input")
+def unicode_and_spaces_in_run_dir(ctx: Ctx) -> list[str]:
+    rd = ctx.path("ünïcode dir ✓")
+    p = ctx.T(*RL, "total_steps=60", f"run_dir={rd}")
+    return expect_ok(p) + ([] if (rd / CKPT).exists() else ["no checkpoint"])
+
+
+@attack("extreme input")
+def absurd_replay_ratio(ctx: Ctx) -> list[str]:
+    rd = ctx.path("rr_absurd")
+    p = ctx.T(*RL, "total_steps=100", "replay_ratio=1e300", f"run_dir={rd}")
+    return expect_error(p, 2, "replay_ratio") + (["run dir written"] if rd.exists() else [])
+
+
+@attack("extreme input")
+def huge_probe_sizes_are_bounded_by_the_data(ctx: Ctx) -> list[str]:
+    problems = expect_ok(ctx.T(*RL, "total_steps=80", "diagnostics.every=10", "diagnostics.batch_size=1000000000",
+                               f"run_dir={ctx.path('probe_rl')}"))
+    return problems + expect_ok(ctx.C(*CL, "probe_size=1000000000", f"run_dir={ctx.path('probe_cl')}"))
+
+
+@attack("extreme input")
+def continual_tiny_everything(ctx: Ctx) -> list[str]:
+    return expect_ok(ctx.C(*CL, "batch_size=1", "stream.subset=1", "stream.iters_per_task=1", "eval_examples=1",
+                           "probe_size=1", f"run_dir={ctx.path('cl_tiny')}"))
+
+
+@attack("extreme input")
+def continual_subset_beyond_dataset(ctx: Ctx) -> list[str]:
+    p = ctx.C(*CL, "stream.subset=100000", f"run_dir={ctx.path('cl_subset')}")
+    return expect_ok(p) if p.rc == 0 else expect_error(p, 2, "subset")
+
+
+@attack("extreme input")
+def continual_class_incremental_more_classes_than_exist(ctx: Ctx) -> list[str]:
+    rd = ctx.path("cl_classes")
+    p = ctx.C(*CL, "stream.kind=class_incremental", "stream.classes_per_task=100", f"run_dir={rd}")
+    return expect_ok(p) if p.rc == 0 else expect_error(p, 2, "classes")
+
+
+@attack("forced divergence")
+def rl_diverges(ctx: Ctx) -> list[str]:
+    rd = ctx.path("diverge_rl")
+    p = ctx.T(*RL, "total_steps=600", "checkpoint_every=100", "critic.lr=1e12", "actor.lr=1e12", f"run_dir={rd}")
+    problems = expect_error(p, 1, "non-finite")
+    if (rd / CKPT).exists():
+        problems += checkpoint_sound(rd / CKPT)[0]
+    return problems
+
+
+@attack("forced divergence")
+def continual_diverges_in_float64(ctx: Ctx) -> list[str]:
+    rd = ctx.path("diverge_cl64")
+    p = ctx.C(*CL, "dtype=float64", "optimizer.name=sgd", "optimizer.lr=1e6", f"run_dir={rd}")
+    problems = expect_error(p, 1, "non-finite")
+    if (rd / CKPT).exists():
+        problems += checkpoint_sound(rd / CKPT)[0]
+    return problems
+
+
+@attack("corrupt dataset")
+def cifar_pickle_with_code(ctx: Ctx) -> list[str]:
+    root = ctx.path("cifar_evil")
+    d = root / "cifar-10-batches-py"
+    d.mkdir(parents=True)
+
+    class Evil:
+        def __reduce__(self) -> tuple:
+            return (os.system, (f"touch {root / 'PWNED'}",))
+
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        (d / name).write_bytes(pickle.dumps({b"data": Evil(), b"labels": [0]}))
+    rd = ctx.path("cifar_rd")
+    p = ctx.C(*CL, "dataset.name=cifar10", f"dataset.data_dir={root}", f"run_dir={rd}")
+    return expect_error(p, 2, "cifar") + (["pickled code ran"] if (root / "PWNED").exists() else [])
+
+
+@attack("corrupt dataset")
+def cifar_truncated_pickle(ctx: Ctx) -> list[str]:
+    root = ctx.path("cifar_trunc")
+    d = root / "cifar-10-batches-py"
+    d.mkdir(parents=True)
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        (d / name).write_bytes(pickle.dumps({b"data": [1, 2, 3], b"labels": [0]})[:10])
+    p = ctx.C(*CL, "dataset.name=cifar10", f"dataset.data_dir={root}", f"run_dir={ctx.path('cifar_rd')}")
+    return expect_error(p, 2, "data_batch_1")
+
+
+@attack("corrupt dataset")
+def svhn_garbage_mat(ctx: Ctx) -> list[str]:
+    root = ctx.path("svhn_bad")
+    d = root / "svhn"
+    d.mkdir(parents=True)
+    for name in ("train_32x32.mat", "test_32x32.mat"):
+        (d / name).write_bytes(b"MATLAB 5.0 MAT-file garbage" + bytes(200))
+    p = ctx.C(*CL, "dataset.name=svhn", f"dataset.data_dir={root}", f"run_dir={ctx.path('svhn_rd')}")
+    return expect_error(p, 2, "32x32.mat")
+
+
+@attack("corrupt dataset")
+def mnist_wrong_length_body(ctx: Ctx) -> list[str]:
+    root = _mnist_dir(ctx, "idx_len")
+    f = root / "mnist" / "t10k-images-idx3-ubyte"
+    f.write_bytes(f.read_bytes()[:-7])
+    p = ctx.C(*CL, "dataset.name=mnist", f"dataset.data_dir={root}", f"run_dir={ctx.path('idx_rd')}")
+    return expect_error(p, 2, "t10k-images-idx3-ubyte")
+
+
+@attack("corrupt dataset")
+def mnist_files_are_fine(ctx: Ctx) -> list[str]:
+    root = _mnist_dir(ctx, "idx_ok")
+    return expect_ok(ctx.C(*CL, "dataset.name=mnist", f"dataset.data_dir={root}", f"run_dir={ctx.path('idx_ok_rd')}"))
+
+
+@attack("concurrency")
+def two_resumes_of_one_run_at_once(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "two_resumes")
+    procs = [ctx.popen(["-m", "sac_spectral.train", "--resume", rd, "total_steps=3000"]) for _ in range(2)]
+    outputs = [p.communicate() for p in procs]
+    results = [Proc([], p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+    codes = sorted(r.rc for r in results)
+    problems = []
+    if codes != [0, 2]:
+        problems.append(f"exit codes {codes}: both resumed the same run at once (expected one to be refused)")
+    for r in results:
+        if traceback_in(r):
+            problems.append(f"traceback ({r.show()})")
+    return problems + checkpoint_sound(rd / CKPT)[0]
+
+
+@attack("help")
+def help_of_every_tool(ctx: Ctx) -> list[str]:
+    problems = []
+    for module in ("sac_spectral.train", "sac_spectral.continual", "sac_spectral.diagnose"):
+        problems += expect_ok(ctx.run(["-m", module, "--help"]))
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ driver
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--code", type=Path, default=ROOT, help="source tree to attack (default: this checkout)")
+    parser.add_argument("--jobs", type=int, default=1, help="attacks run in parallel")
+    parser.add_argument("--only", default="", help="run attacks whose name or category contains this text")
+    parser.add_argument("--list", action="store_true", help="list the attacks and exit")
+    parser.add_argument("--keep", action="store_true", help="keep the workspace")
+    args = parser.parse_args()
+    chosen = [a for a in ATTACKS if args.only in a.name or args.only in a.category]
+    if args.list:
+        for a in chosen:
+            print(f"{a.category:>20}  {'#' + str(a.defect) if a.defect else '':>4}  {a.name}")
+        return 0
+    ws = Path(tempfile.mkdtemp(prefix="sac_attack_"))
+    ctx = Ctx(args.code.resolve(), ws)
+    t0 = time.perf_counter()
+    print(f"attacking {ctx.code} in {ws} ({len(chosen)} attacks, {args.jobs} jobs)", flush=True)
+    make_fixtures(ctx)
+    results: dict[str, list[str]] = {}
+
+    def one(a: Attack) -> tuple[Attack, list[str], float]:
+        start = time.perf_counter()
+        try:
+            problems = a.fn(ctx)
+        except Exception as err:  # noqa: BLE001 - an attack that cannot run is reported, not hidden
+            problems = [f"attack itself failed: {type(err).__name__}: {err}"]
+        return a, problems, time.perf_counter() - start
+
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for a, problems, seconds in pool.map(one, chosen):
+            results[a.name] = problems
+            tag = f"#{a.defect}" if a.defect else ""
+            status = "clean " if not problems else "DEFECT"
+            print(f"{status} {tag:>4} {seconds:5.1f}s [{a.category}] {a.name}" + (f": {'; '.join(problems)}" if problems else ""),
+                  flush=True)
+    if not args.keep:
+        shutil.rmtree(ws, ignore_errors=True)
+    defects = sum(1 for p in results.values() if p)
+    by_issue = sorted({a.defect for a in chosen if a.defect and results[a.name]})
+    print(f"\nissue-12 defects still failing: {', '.join(f'#{d}' for d in by_issue) or 'none'}")
+    print(f"time: {time.perf_counter() - t0:.0f} s")
+    print(f"{len(results)} attacks, {len(results) - defects} clean, {defects} defects")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
