@@ -204,7 +204,7 @@ def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, An
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into its key path and YAML-parsed value."""
     if "=" not in text:
-        raise ConfigError(f"override '{text}' is not of the form key=value (e.g. critic.lr=1e-4)")
+        raise ConfigError(f"override '{text}' is not of the form key=value (e.g. seed=3)")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key or any(not part for part in key.split(".")):

@@ -21,25 +21,24 @@ import numpy as np
 import torch
 
 from sac_spectral.config import ConfigError, check, option, section, to_dict
-from sac_spectral.logging import RunLogger, flatten, state_is_finite
+from sac_spectral.logging import RunLogger, state_is_finite
 from sac_spectral.memory import FLOAT32, check_fits, model_size, supervised_estimate
 from sac_spectral.regularizers import build_regularizers, validate_specs
 from sac_spectral.runs import (
     CHECKPOINT,
-    SUMMARY,
+    check_device,
+    end_nonfinite,
+    end_stopped,
+    finish_run,
     GracefulStop,
     open_run_dir,
     progress_bar,
     recorded_config,
     reopen_run_dir,
-    end_nonfinite,
-    end_stopped,
-    report_done,
     run_cli,
     runner_main,
     save_checkpoint,
     set_torch_threads,
-    write_json,
 )
 from sac_spectral.seeding import derive_seed
 from sac_spectral.supervised.datasets import DATASETS, DataError, SyntheticSpec, load_dataset
@@ -191,11 +190,13 @@ class ContinualConfig:
         check(linear[0] == linear[1], "model.name",
               "the deep_linear stream and the deep_linear model go together "
               f"(stream.kind={self.stream.kind}, model.name={self.model.name})")
-        check(
-            self.device == "cpu" or (self.device.startswith("cuda") and torch.cuda.is_available()),
-            "device",
-            f"'{self.device}' is not available here; valid: cpu" + (", cuda" if torch.cuda.is_available() else ""),
-        )
+        check_device(self.device)
+
+
+def summary_window(tasks: int) -> int:
+    """Tasks in the summary's first and last windows: ``SUMMARY_TASKS``, or half the tasks when
+    there are fewer than ``2·SUMMARY_TASKS`` (so the two windows never overlap)."""
+    return SUMMARY_TASKS if tasks >= 2 * SUMMARY_TASKS else max(1, tasks // 2)
 
 
 def run_tag(cfg: ContinualConfig) -> str:
@@ -424,7 +425,8 @@ class ContinualRunner:
 
     def summary(self) -> dict[str, Any]:
         rows = self.results
-        head, tail = rows[:SUMMARY_TASKS], rows[-SUMMARY_TASKS:]
+        window = summary_window(len(rows))
+        head, tail = rows[:window], rows[-window:]
         out: dict[str, Any] = {
             "dataset": None if self.dataset is None else self.dataset.name,
             "stream": self.cfg.stream.kind,
@@ -440,31 +442,29 @@ class ContinualRunner:
             out[f"first{SUMMARY_TASKS}_{key}"] = _mean([r[key] for r in head])
             out[f"last{SUMMARY_TASKS}_{key}"] = _mean([r[key] for r in tail])
             out[f"final_{key}"] = rows[-1][key] if rows else None
+        out["window_tasks"] = window
         out["tasks"] = rows
         return out
 
     def _finish(self) -> None:
-        assert self.logger is not None and self.run_dir is not None
         summary = self.summary()
-        write_json(self.run_dir / SUMMARY, summary)
-        hp = {k: v for k, v in flatten(to_dict(self.cfg)).items() if k != "run_dir"}
-        metrics = {k: v for k, v in summary.items() if k.startswith(("first", "last", "final")) and v is not None}
-        self.logger.hparams(hp, metrics)
-        self.logger.close()
-        n = SUMMARY_TASKS
-        if summary[f"first{n}_train_acc"] is not None:
-            result = (f"end-of-task train accuracy: first {n} tasks {summary[f'first{n}_train_acc']:.3f}, "
-                      f"last {n} tasks {summary[f'last{n}_train_acc']:.3f}")
-            if summary[f"first{n}_test_acc"] is not None:
-                result += (f"; test accuracy: first {n} {summary[f'first{n}_test_acc']:.3f}, "
-                           f"last {n} {summary[f'last{n}_test_acc']:.3f}")
+        n = summary["window_tasks"]
+        if summary[f"first{SUMMARY_TASKS}_train_acc"] is not None:
+            result = (f"end-of-task train accuracy: first {n} tasks {summary[f'first{SUMMARY_TASKS}_train_acc']:.3f}, "
+                      f"last {n} tasks {summary[f'last{SUMMARY_TASKS}_train_acc']:.3f}")
+            if summary[f"first{SUMMARY_TASKS}_test_acc"] is not None:
+                result += (f"; test accuracy: first {n} {summary[f'first{SUMMARY_TASKS}_test_acc']:.3f}, "
+                           f"last {n} {summary[f'last{SUMMARY_TASKS}_test_acc']:.3f}")
         else:
-            result = (f"end-of-task loss: first {n} tasks {summary[f'first{n}_loss']:.4g}, "
-                      f"last {n} tasks {summary[f'last{n}_loss']:.4g}")
-        report_done(
+            result = (f"end-of-task loss: first {n} tasks {summary[f'first{SUMMARY_TASKS}_loss']:.4g}, "
+                      f"last {n} tasks {summary[f'last{SUMMARY_TASKS}_loss']:.4g}")
+        if n < SUMMARY_TASKS:
+            result += f" (halves of the {summary['tasks_done']} tasks: fewer than {2 * SUMMARY_TASKS})"
+        metrics = {k: v for k, v in summary.items() if k.startswith(("first", "last", "final")) and v is not None}
+        finish_run(
+            self, summary, metrics,
             f"done: {summary['tasks_done']} tasks, {summary['iterations']} iterations in {summary['wall_time_s']:.0f} s; "
             + result,
-            self.run_dir,
         )
 
 

@@ -94,6 +94,18 @@ def layer_views(module: nn.Module, layers: str = "all") -> list[LayerView]:
     return views
 
 
+def view_names(views: list[LayerView]) -> list[str]:
+    """Log names of ``views``: ``layer<i>`` numbers the linear/conv layers in order (as the weight
+    spectra and ``spectral/<net>/layer<i>`` tags do), ``norm<i>`` the normalization layers."""
+    counts = {"layer": 0, "norm": 0}
+    names = []
+    for view in views:
+        kind = "norm" if view.kind == "norm" else "layer"
+        names.append(f"{kind}{counts[kind]}")
+        counts[kind] += 1
+    return names
+
+
 SUPPORTED = "nn.Linear, nn.Conv1d/2d/3d, nn.LayerNorm/GroupNorm/BatchNorm and sac_spectral's BatchedLinear/BatchedLayerNorm"
 
 

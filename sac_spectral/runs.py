@@ -34,7 +34,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from sac_spectral.config import ConfigError, help_text, merge_sources, parse_override, read_yaml, to_dict
+from sac_spectral.config import ConfigError, check, describe, help_text, merge_sources, parse_override, read_yaml, to_dict
 from sac_spectral.logging import RunLogger, flatten
 from sac_spectral.threads import allowed_cores, choose_threads
 
@@ -70,7 +70,9 @@ def build_parser(prog: str, description: str, cls: type) -> argparse.ArgumentPar
     )
     parser.add_argument("--config", metavar="FILE", help="YAML config; keys not given keep their defaults")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. critic.lr=1e-4")
+    dotted = next((key for key, tp, _, _ in describe(cls) if "." in key and key.endswith(".lr") and tp == "float"), None)
+    example = "seed=3" + (f" {dotted}=1e-4" if dotted else "")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}")
     return parser
 
 
@@ -334,6 +336,26 @@ def report_done(headline: str, run_dir: Path) -> None:
     print(f"{headline}\nrun directory: {run_dir}\nview it with:  tensorboard --logdir {run_dir}")
 
 
+def check_device(device: str) -> None:
+    """The ``device`` key of every runner: ``cpu``, or ``cuda[:i]`` where CUDA is available."""
+    check(
+        device == "cpu" or (device.startswith("cuda") and torch.cuda.is_available()),
+        "device",
+        f"'{device}' is not available here; valid: cpu" + (", cuda" if torch.cuda.is_available() else ""),
+    )
+
+
+def finish_run(runner: Runner, summary: dict[str, Any], final_metrics: dict[str, float], headline: str) -> None:
+    """The end of every completed run: ``summary.json``, the hyperparameters with ``final_metrics``
+    in TensorBoard's HPARAMS tab, the closed logger and the end-of-run message."""
+    assert runner.logger is not None and runner.run_dir is not None
+    write_json(runner.run_dir / SUMMARY, summary)
+    hp = {k: v for k, v in flatten(to_dict(runner.cfg)).items() if k != "run_dir"}
+    runner.logger.hparams(hp, final_metrics)
+    runner.logger.close()
+    report_done(headline, runner.run_dir)
+
+
 # ----------------------------------------------------------------------------- atomic files
 class _RecordingWriter:
     """A binary file that remembers the OSError of a failed write: ``torch.save`` turns it into an
@@ -484,6 +506,7 @@ class GracefulStop:
 class Runner(Protocol):
     """What :func:`runner_main` drives: a fresh or resumed run, trained until done or stopped."""
 
+    cfg: Any
     run_dir: Path | None
     logger: RunLogger | None
 

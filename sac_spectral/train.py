@@ -23,27 +23,26 @@ from tqdm import tqdm
 
 from agents import SAC, ActorConfig, CriticConfig, ReplayBuffer, SACConfig
 from envs import EnvPool, UnknownEnvError, make_env
-from sac_spectral.config import ConfigError, check, option, section, to_dict
+from sac_spectral.config import ConfigError, check, option, section
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.diagnostics.rl import DiagnosticsConfig, probe_batch, sac_diagnostics
-from sac_spectral.logging import RunLogger, flatten, state_is_finite, tensor_is_finite
+from sac_spectral.logging import RunLogger, state_is_finite, tensor_is_finite
 from sac_spectral.memory import check_fits, sac_estimate
 from sac_spectral.runs import (
     CHECKPOINT,
-    SUMMARY,
+    check_device,
+    end_nonfinite,
+    end_stopped,
+    finish_run,
     GracefulStop,
     open_run_dir,
     progress_bar,
     recorded_config,
     reopen_run_dir,
-    end_nonfinite,
-    end_stopped,
-    report_done,
     run_cli,
     runner_main,
     save_checkpoint,
     set_torch_threads,
-    write_json,
 )
 from sac_spectral.seeding import SeedStreams, derive_seed
 
@@ -125,11 +124,7 @@ class TrainConfig(SACConfig):
             self.priming.transitions <= min(self.buffer_size, self.total_steps), "priming.transitions",
             f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
         )
-        check(
-            self.device == "cpu" or (self.device.startswith("cuda") and torch.cuda.is_available()),
-            "device",
-            f"'{self.device}' is not available here; valid: cpu" + (", cuda" if torch.cuda.is_available() else ""),
-        )
+        check_device(self.device)
 
 
 def check_format(state: dict[str, Any]) -> None:
@@ -518,17 +513,11 @@ class Trainer:
         }
 
     def _finish(self) -> None:
-        assert self.logger is not None and self.run_dir is not None
         summary = self.summary()
-        write_json(self.run_dir / SUMMARY, summary)
-        hp = {k: v for k, v in flatten(to_dict(self.cfg)).items() if k != "run_dir"}
-        self.logger.hparams(hp, {k: summary[k] for k in ("final_eval_return", "best_eval_return", "updates_per_s")})
-        self.logger.close()
-        report_done(
+        finish_run(
+            self, summary, {k: summary[k] for k in ("final_eval_return", "best_eval_return", "updates_per_s")},
             f"done: {summary['steps']} steps, {summary['updates']} updates in {summary['wall_time_s']:.0f} s; "
-            f"final eval return {summary['final_eval_return']:.1f} "
-            f"(random policy {summary['random_policy_return']:.1f})",
-            self.run_dir,
+            f"final eval return {summary['final_eval_return']:.1f} (random policy {summary['random_policy_return']:.1f})",
         )
 
 

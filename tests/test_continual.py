@@ -34,13 +34,18 @@ def test_every_continual_config_loads(name):
 def test_short_run_writes_summary_table_and_tensorboard(tmp_path, capsys):
     rd = tmp_path / "run"
     assert run(FAST + ["stream.kind=permuted_input", f"run_dir={rd}"]) == 0
-    assert f"tensorboard --logdir {rd}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"tensorboard --logdir {rd}" in out
     summary = json.loads((rd / "summary.json").read_text())
     assert [r["task"] for r in summary["tasks"]] == [0, 1, 2]
     assert [r["iteration"] for r in summary["tasks"]] == [40, 80, 120]
     for row in summary["tasks"]:
         assert 0 <= row["train_acc"] <= 1 and 0 <= row["test_acc"] <= 1 and row["loss"] > 0
-    assert summary["first5_train_acc"] == pytest.approx(sum(r["train_acc"] for r in summary["tasks"]) / 3)
+    # 3 tasks: the first and last windows are halves (one task each), never overlapping
+    assert summary["window_tasks"] == 1
+    assert summary["first5_train_acc"] == summary["tasks"][0]["train_acc"]
+    assert summary["last5_train_acc"] == summary["tasks"][-1]["train_acc"]
+    assert "halves of the 3 tasks" in out
     events = EventAccumulator(str(rd)).Reload()
     tags = set(events.Tags()["scalars"])
     assert {"task/train_acc", "task/test_acc", "task/loss", "step/train_acc", "step/batch_loss",
@@ -228,3 +233,10 @@ def test_plasticity_table_names_unregistered_methods_and_builds_the_others():
     assert entries == {"none": [], "spectral": base}
     override = table.parse_specs(["spectral={name: spectral, coef: 1e-4}"])
     assert table.method_entries(["spectral"], base, override) == {"spectral": [{"name": "spectral", "coef": 1e-4}]}
+
+
+def test_help_suggests_a_key_this_runner_accepts(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "e.g. seed=3 optimizer.lr=1e-4" in out and "critic.lr" not in out

@@ -100,3 +100,20 @@ def test_heads_share_the_trunk_and_count_as_outputs():
     views = layer_views(net)
     assert [v.is_output for v in views] == [False, False, True, True]
     assert net.tail(1) == list(net.heads) and net.tail(2)[0] is net.layers[1]
+
+
+def test_layer_names_count_linear_layers_and_norms_separately():
+    from sac_spectral.diagnostics import layer_sigma_max
+    from sac_spectral.layers import view_names
+    from sac_spectral.regularizers import Spectral
+
+    net = BatchedMLP(2, 4, [8, 8], (3, 3), layer_norm=True)
+    views = layer_views(net)
+    assert view_names(views) == ["layer0", "layer1", "norm0", "norm1", "layer2", "layer3"]
+    reg = Spectral(net, coef=1.0)
+    for _ in range(100):
+        reg.penalty()
+    metrics = reg.metrics()
+    for i, exact in enumerate(layer_sigma_max(net)):  # the tags spectral/<net>/layer<i> use this order
+        torch.testing.assert_close(metrics[f"layer{i}/sigma_max"], exact, rtol=1e-4, atol=1e-5)
+    assert "norm1/sigma_max" in metrics

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.layers import checked_views
+from sac_spectral.layers import checked_views, view_names
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
@@ -59,6 +59,7 @@ class Parseval(Regularizer):
     @torch.no_grad()
     def metrics(self) -> dict[str, Tensor]:
         res = self._residuals()
-        out = {f"layer{i}/orthogonality_error": r.sqrt() for i, r in enumerate(res)}
+        names = [n for n, v in zip(view_names(self.views), self.views) if v.weight_param is not None]
+        out = {f"{name}/orthogonality_error": r.sqrt() for name, r in zip(names, res)}
         out["penalty"] = self.coef * torch.stack(res).sum(dim=0)
         return out

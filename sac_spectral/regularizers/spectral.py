@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.layers import LayerView, checked_views
+from sac_spectral.layers import LayerView, checked_views, view_names
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
@@ -339,6 +339,6 @@ class Spectral(Regularizer):
 
     @torch.no_grad()
     def metrics(self) -> dict[str, Tensor]:
-        out = {f"layer{i}/sigma_max": s for i, s in enumerate(self.sigma_estimates())}
+        out = {f"{name}/sigma_max": s for name, s in zip(view_names(self.views), self.sigma_estimates())}
         out["penalty"] = self._per_member_penalty()
         return out

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.layers import checked_views
+from sac_spectral.layers import checked_views, view_names
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 from sac_spectral.regularizers.spectral import power_step
@@ -96,4 +96,4 @@ class SpectralNorm(Regularizer):
 
     def metrics(self) -> dict[str, Tensor]:
         """σ_max estimate of each layer before its last projection (after it, σ_max = 1)."""
-        return {f"layer{i}/sigma_before": s for i, s in enumerate(self.state["sigma_before"])}
+        return {f"{name}/sigma_before": s for name, s in zip(view_names(self.views), self.state["sigma_before"])}

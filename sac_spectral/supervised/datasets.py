@@ -204,7 +204,7 @@ def read_idx(path: Path) -> np.ndarray:
 def _idx_dataset(root: Path, name: str) -> Dataset:
     files = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
     if name == "mnist":
-        folders, source = ["mnist", "MNIST/raw"], "http://yann.lecun.com/exdb/mnist/ (or a mirror)"
+        folders, source = ["mnist", "MNIST/raw"], "https://ossci-datasets.s3.amazonaws.com/mnist/ (the mirror torchvision uses; yann.lecun.com no longer serves the files)"
     else:
         folders, source = ["fashion_mnist", "FashionMNIST/raw"], "https://github.com/zalandoresearch/fashion-mnist"
     base = _find(root, folders, files, name, source)
