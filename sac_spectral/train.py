@@ -25,6 +25,7 @@ from envs import EnvPool, UnknownEnvError, make_env
 from sac_spectral.config import ConfigError, check, option, section, to_dict
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.diagnostics.rl import DiagnosticsConfig, probe_batch, sac_diagnostics
+from sac_spectral.evals import append_rl_evals
 from sac_spectral.logging import RunLogger, flatten, tensor_is_finite
 from sac_spectral.runs import (
     CHECKPOINT,
@@ -219,6 +220,8 @@ class Trainer:
         assert self.logger is not None
         returns = self.evaluate(self._policy)
         self.evals.append({"step": self.step, "returns": returns.tolist()})
+        append_rl_evals(self.logger.run_dir, self.step, self.updates_done, self.seeds, returns,
+                        self.cfg.eval_episodes, self.wall_time)
         self.logger.per_seed("eval/return", returns.tolist(), self.step)
         return float(returns.mean())
 
