@@ -269,18 +269,25 @@ def profile(scores: np.ndarray, taus: np.ndarray) -> np.ndarray:
 
 
 def interval_estimates(scores: dict[str, Any], func: Callable[..., np.ndarray], reps: int, seed: int) -> tuple[dict, dict]:
-    """rliable's stratified-bootstrap point and 95 % interval estimates, reproducible from ``seed``
-    (the paired bootstrap draws from numpy's global generator, which is restored afterwards)."""
+    """rliable's stratified-bootstrap point and 95 % interval estimates for each key. rliable draws
+    its resampling indices from numpy's global generator: it is seeded with ``seed`` for each key
+    (so a method's interval does not depend on the other methods in the report) and restored
+    afterwards."""
     from rliable import library as rly
 
     state = np.random.get_state()
-    np.random.seed(seed)
+    points, intervals = {}, {}
     try:
         with warnings.catch_warnings():  # arch deprecates the RandomState that rliable hands it
             warnings.filterwarnings("ignore", "random_state is deprecated", FutureWarning)
-            return rly.get_interval_estimates(scores, func, reps=reps, random_state=np.random.RandomState(seed))
+            for key, value in scores.items():
+                np.random.seed(seed)
+                point, interval = rly.get_interval_estimates(
+                    {key: value}, func, reps=reps, random_state=np.random.RandomState(seed))
+                points[key], intervals[key] = point[key], interval[key]
     finally:
         np.random.set_state(state)
+    return points, intervals
 
 
 def compute_statistics(al: Aligned, kind: str, baseline: str, reps: int, seed: int) -> dict[str, Any]:

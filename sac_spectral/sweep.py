@@ -280,6 +280,9 @@ def run_trial(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The Ray task of one trial (a generator): yields ``started`` when the runner process starts,
     then ``finished`` with its exit code and error line. Cancelling the task (Ctrl-C of the sweep)
     sends the runner SIGTERM: it checkpoints and exits."""
+    # Ray cancels a running task by raising KeyboardInterrupt in it, which needs Python's SIGINT
+    # handler (a sweep started in the background by a shell inherits SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     run_dir, log = Path(spec["run_dir"]), Path(spec["log"])
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
@@ -458,7 +461,8 @@ def _drive(sweep: Sweep, root: Path, status: Status, todo: list[Trial], progress
                     bar.write(f"failed  {tid}: {status.trials[tid]['error']}")
                     continue
                 if event["event"] == "started":
-                    status.set(tid, status="running", command=event["command"], host=event["host"], error=None, exit_code=None)
+                    status.set(tid, status="running", command=event["command"], host=event["host"], pid=event["pid"],
+                               error=None, exit_code=None)
                 else:
                     code = event["exit_code"]
                     interrupted = code in (128 + signal.SIGINT, 128 + signal.SIGTERM) and stop.requested is not None
