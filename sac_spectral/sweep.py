@@ -174,8 +174,11 @@ def load_sweep(path: str, overrides: Sequence[str]) -> Sweep:
         cfg.name = Path(path).stem if Path(path).name != SWEEP_FILE else Path(path).resolve().parent.name
     raw_base = dict(cfg.base) if isinstance(cfg.base, dict) else {"config": cfg.base}
     base_file = raw_base.pop("config", None)
-    base = _merge(_nest(read_yaml(base_file)) if base_file is not None else {}, _nest(raw_base))
-    _check_reserved(list(flatten(base)), "base")
+    _check_reserved(list(flatten(_nest(raw_base))), "base")
+    # A full run config as base (e.g. run_configs/continual_default.yaml) names a seed, run_dir, …:
+    # every trial sets its own, so the file's are dropped.
+    from_file = _nest(read_yaml(base_file)) if base_file is not None else {}
+    base = _merge({k: v for k, v in from_file.items() if k not in RESERVED}, _nest(raw_base))
     methods = {str(m): flatten(_nest(o or {})) for m, o in cfg.methods.items()}
     for name, keys in methods.items():
         _check_reserved(list(keys), f"methods.{name}")

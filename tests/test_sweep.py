@@ -252,3 +252,26 @@ def test_resolved_sweep_file_runs_the_same_trials(killed_and_rerun):
     with pytest.raises(ConfigError, match="different 'kind'"):
         sweep.check_compatible(sweep.load_sweep(str(root / "sweep.yaml"), ["kind=continual"]),
                                yaml.safe_load((root / "sweep.yaml").read_text()), root)
+
+
+def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
+    from sac_spectral.config import load_config, merge_sources, to_dict
+    from sac_spectral.train import TrainConfig
+
+    s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/primacy_bias.yaml"), [])
+    assert len(s.trials) == 14 * 10 and all(t.seeds == list(range(10)) for t in s.trials)
+    files = {"sac_rr1": "sac", "sac_rr32": "sac"}
+    for method in s.methods:
+        trial = next(t for t in s.trials if t.method == method and t.point["env"] == "dmc:cheetah-run")
+        ours = to_dict(merge_sources(TrainConfig, s.base, [*trial.overrides, "device=cpu", "num_seeds=1"]))
+        theirs = to_dict(load_config(TrainConfig, ROOT / f"run_configs/primacy_bias_{files.get(method, method)}.yaml"))
+        if method == "sac_rr1":
+            theirs["replay_ratio"] = 1.0
+        assert {k: v for k, v in ours.items() if k != "device"} == {k: v for k, v in theirs.items() if k != "device"}, method
+
+
+def test_plasticity_sweep_is_the_readme_table():
+    s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/plasticity_continual.yaml"), [])
+    assert s.cfg.kind == "continual" and s.cfg.seeds == [0, 1, 2] and len(s.trials) == 8 * 3
+    assert "seed" not in s.base and s.base["stream"]["num_tasks"] == 30
+    assert sweep.invalid_trials(s) == {}
