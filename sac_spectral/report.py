@@ -12,6 +12,7 @@ accuracy. Writes ``report.md``, ``report.json`` and PNG figures to ``--out``
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import warnings
@@ -163,10 +164,11 @@ def load(paths: Sequence[str]) -> Study:
                 kind, curves, normalized = read_run(run_dir, label, task_keys)
                 add(kind, curves, normalized)
             if not curves:
-                why = entry["error"] if entry["status"] == "failed" else "no evaluation yet"
+                why = entry["error"] if entry["status"] == "failed" else "no scored evaluation yet"
                 notes.append(f"{sweep_dir.name}/{tid} ({entry['status']}: {why})")
         study = study or Study(spec["kind"])
-        study.grouping = "method of the sweep" + (" (with the grid keys that are not task keys)" if spec.get("grid") else "")
+        extra_keys = [k for k in spec.get("grid") or {} if k not in task_keys]
+        study.grouping = "method of the sweep" + (f" and {', '.join(extra_keys)}" if extra_keys else "")
     if runs:
         configs = [yaml_load((r / CONFIG_FILE).read_text()) for r in runs]
         kinds = {_kind(c) for c in configs}
@@ -176,7 +178,7 @@ def load(paths: Sequence[str]) -> Study:
             kind, curves, normalized = read_run(run_dir, label, task_keys)
             add(kind, curves, normalized)
             if not curves:
-                notes.append(f"{run_dir} (no evaluation yet)")
+                notes.append(f"{run_dir} (no scored evaluation yet)")
         grouped = f"loose runs by the config keys in which they differ ({', '.join(differ) or 'none'})"
         study = study or Study(kinds.pop())
         study.grouping = f"{study.grouping}; {grouped}" if sweeps else grouped
@@ -298,8 +300,8 @@ def compute_statistics(al: Aligned, kind: str, baseline: str, reps: int, seed: i
     curve_point, curve_ci = interval_estimates(al.scores, iqm_per_step, reps, seed)
     pairs = {f"{m}{PAIR}{baseline}": (final[m], final[baseline]) for m in al.methods if m != baseline}
     poi_point, poi_ci = interval_estimates(pairs, metrics.probability_of_improvement, reps, seed) if pairs else ({}, {})
-    hi = max(1.0, float(np.nanmax([f.max() for f in final.values()])))
-    taus = np.linspace(0.0, hi, 81)
+    lo = min(0.0, float(min(f.min() for f in final.values())))
+    taus = np.linspace(lo, max(1.0, float(max(f.max() for f in final.values()))), 81)
     prof_point, prof_ci = interval_estimates(final, lambda s: profile(s, taus), reps, seed)
     # Per task: the mean over seeds at each step; the bootstrap resamples seeds within each task.
     shape = (len(al.tasks), len(al.x))
@@ -318,7 +320,7 @@ def _colors(methods: Sequence[str]) -> dict[str, Any]:
     return {m: cmap(i % 10) for i, m in enumerate(methods)}
 
 
-def figures(al: Aligned, st: dict[str, Any], kind: str, out: Path, baseline: str, normalized: bool) -> list[str]:
+def figures(al: Aligned, st: dict[str, Any], kind: str, out: Path, normalized: bool) -> list[str]:
     """Write the PNGs; returns their file names."""
     import matplotlib
 
@@ -376,7 +378,7 @@ def figures(al: Aligned, st: dict[str, Any], kind: str, out: Path, baseline: str
         fig, ax = plt.subplots(figsize=(5, 0.6 * len(st["poi_point"]) + 1.2))
         plot_utils.plot_probability_of_improvement(
             st["poi_point"], st["poi_ci"], pair_separator=PAIR, ax=ax, xticks=[0.0, 0.25, 0.5, 0.75, 1.0],
-            left_ylabel="method X", right_ylabel=f"baseline Y", ticklabelsize="medium", labelsize="medium")
+            left_ylabel="method X", right_ylabel="baseline Y", ticklabelsize="medium", labelsize="medium")
         ax.axvline(0.5, color="k", linestyle=":", alpha=0.5)
         save(fig, "probability_of_improvement.png")
 
@@ -510,11 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
     args = parser.parse_args(argv)
-    try:
-        import matplotlib  # noqa: F401
-        import rliable  # noqa: F401
-    except ImportError:
-        raise ConfigError("the report needs rliable and matplotlib; pip install -e '.[report]'") from None
+    if importlib.util.find_spec("rliable") is None or importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("the report needs rliable and matplotlib; pip install -e '.[report]'")
     if args.reps < 1:
         raise ConfigError(f"--reps must be >= 1, got {args.reps}")
     study = load(args.dirs)
@@ -525,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     st = compute_statistics(al, study.kind, baseline, args.reps, args.seed)
-    pngs = figures(al, st, study.kind, out, baseline, study.normalized)
+    pngs = figures(al, st, study.kind, out, study.normalized)
     data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs)
     for m, d in data["methods"].items():
         print(f"{m:>24}: IQM {d['iqm'][0]:.3f} [{d['iqm'][1]:.3f}, {d['iqm'][2]:.3f}]  ({d['n_tasks']} task(s) × {len(d['seeds'])} seed(s))")

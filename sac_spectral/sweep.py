@@ -46,8 +46,8 @@ RESERVED = ("seed", "num_seeds", "run_dir", "threads", "progress")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 CODE_ROOT = str(Path(sac_spectral.__file__).resolve().parents[1])
 # The trial's process is started through this launcher: it asks Linux to send it SIGTERM when its
-# parent (the Ray worker) dies — so killing the sweep makes its trials checkpoint and stop instead
-# of running on as orphans — then replaces itself with the runner (exec keeps that request).
+# parent (the Ray worker) dies, so that no trial outlives its sweep, however the sweep ends (the
+# runner checkpoints and stops on SIGTERM), then replaces itself with the runner (exec keeps that).
 LAUNCHER = (
     "import ctypes, os, signal, sys\n"
     "if sys.platform.startswith('linux'):\n"
@@ -196,7 +196,7 @@ def load_sweep(path: str, overrides: Sequence[str]) -> Sweep:
     for method, keys in methods.items():
         for values in itertools.product(*(cfg.grid[k] for k in grid_keys)):
             point = dict(zip(grid_keys, values))
-            parts = [_slug(v) if k in ("env",) else f"{k}={_slug(v)}" for k, v in point.items()]
+            parts = [_slug(v) if k == "env" else f"{k}={_slug(v)}" for k, v in point.items()]
             for chunk in chunks:
                 tid = "/".join([method, *parts, _seed_label(chunk)])
                 check(tid not in seen, "grid", f"two trials would share the run directory '{tid}'; make the values distinct")
@@ -479,6 +479,7 @@ def _drive(sweep: Sweep, root: Path, status: Status, todo: list[Trial], progress
                         error = event["error"] or f"exit code 0 but no {SUMMARY} in the run directory"
                         status.set(tid, status="failed", exit_code=code, error=error, wall_s=event["wall_s"])
                         bar.write(f"failed  {tid}: {error}")
+            if ready:
                 status.write()
             c = status.counts()
             bar.set_postfix(running=c["running"], pending=c["pending"], failed=c["failed"], refresh=False)

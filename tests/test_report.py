@@ -146,7 +146,7 @@ def test_report_files_and_figures_are_not_blank(known, tmp_path):
     assert data["methods"]["resets"]["iqm"][0] == pytest.approx(iqm, rel=1e-12)
     assert data["baseline"] == "spectral" and set(data["probability_of_improvement"]) == {"sac", "resets"}
     md = (out / "report.md").read_text()
-    assert "| resets | " in md and f"{iqm:.3f} [" in md and "pending/s0 (pending: no evaluation yet)" in md
+    assert "| resets | " in md and f"{iqm:.3f} [" in md and "pending/s0 (pending: no scored evaluation yet)" in md
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["final_scores.png", "iqm_curves.png", "per_task_curves.png", "performance_profile.png",
                     "probability_of_improvement.png"]
