@@ -361,9 +361,9 @@ def figures(al: Aligned, st: dict[str, Any], kind: str, out: Path, normalized: b
         ax.grid(alpha=0.3)
     for j in range(len(al.tasks), rows * cols):
         axes[j // cols][j % cols].axis("off")
-    axes[0][0].legend(fontsize="small")
     fig.suptitle("per task: mean over seeds, 95 % bootstrap CI")
     fig.tight_layout()
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     save(fig, "per_task_curves.png")
 
     metrics = list(METRICS) if normalized else list(METRICS[:3])
