@@ -110,6 +110,7 @@ def known(tmp_path):
     return tmp_path / "study", scores
 
 
+@pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")  # arch, called by rliable
 def test_statistics_equal_rliable_on_the_same_arrays(known):
     root, scores = known
     study = report.load([str(root)])
