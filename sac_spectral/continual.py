@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from sac_spectral.config import ConfigError, check, option, section, to_dict
+from sac_spectral.evals import append_task_evals
 from sac_spectral.logging import RunLogger, state_is_finite
 from sac_spectral.memory import FLOAT32, check_fits, model_size, supervised_estimate
 from sac_spectral.regularizers import build_regularizers, validate_specs
@@ -351,6 +352,7 @@ class ContinualRunner:
             "test_loss": test["loss"] if test else None,
         }
         self.results.append(row)
+        append_task_evals(self.logger.run_dir, row, self.cfg.seed, self.wall_time)
         for key, tag in (("train_acc", "train_acc"), ("test_acc", "test_acc"), ("loss", "loss"), ("test_loss", "test_loss")):
             if row[key] is not None:
                 self.logger.scalar(f"task/{tag}", row[key], task.index)

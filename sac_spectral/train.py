@@ -26,6 +26,7 @@ from envs import EnvPool, UnknownEnvError, make_env
 from sac_spectral.config import ConfigError, check, option, section
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.diagnostics.rl import DiagnosticsConfig, probe_batch, sac_diagnostics
+from sac_spectral.evals import append_rl_evals
 from sac_spectral.logging import RunLogger, state_is_finite, tensor_is_finite
 from sac_spectral.memory import check_fits, sac_estimate
 from sac_spectral.runs import (
@@ -318,6 +319,8 @@ class Trainer:
         assert self.logger is not None
         returns = self.evaluate(self._policy, len(self.evals))
         self.evals.append({"step": self.step, "returns": returns.tolist()})
+        append_rl_evals(self.logger.run_dir, self.step, self.agent.num_updates, self.seeds, returns,
+                        self.cfg.eval_episodes, self.wall_time)
         self.logger.per_seed("eval/return", returns.tolist(), self.step)
         return float(returns.mean())
 

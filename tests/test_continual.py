@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from sac_spectral.config import ConfigError, load_config, merge_sources, to_dict
+from sac_spectral.config import load_config, merge_sources, to_dict
 from sac_spectral.continual import ContinualConfig, ContinualRunner, main
 from sac_spectral.runs import CHECKPOINT, load_checkpoint, run_cli
 
@@ -217,22 +217,6 @@ def test_the_default_stream_shows_loss_of_trainability_and_spectral_sustains_it(
     assert none["first5_train_acc"] > 0.9 and spectral["first5_train_acc"] > 0.9
     assert none["last5_train_acc"] < 0.4
     assert spectral["last5_train_acc"] > 0.95
-
-
-def test_plasticity_table_names_unregistered_methods_and_builds_the_others():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("plasticity_table", ROOT / "benchmarks" / "plasticity_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
-    base = [{"name": "spectral", "coef": 1e-3, "k": 2}]
-    with pytest.raises(ConfigError) as err:
-        table.method_entries(["none", "no_such_method", "spectral"], base, {})
-    assert "not registered: no_such_method (registered: " in str(err.value) and "spectral" in str(err.value)
-    entries = table.method_entries(["none", "spectral"], base, table.parse_specs([]))
-    assert entries == {"none": [], "spectral": base}
-    override = table.parse_specs(["spectral={name: spectral, coef: 1e-4}"])
-    assert table.method_entries(["spectral"], base, override) == {"spectral": [{"name": "spectral", "coef": 1e-4}]}
 
 
 def test_help_suggests_a_key_this_runner_accepts(capsys):

@@ -1,0 +1,79 @@
+"""``<run_dir>/evals.csv``: every evaluation of a run, appended as the run goes.
+
+A plain CSV that a report (or a person) can read while the run is still going, without
+TensorBoard or the checkpoint. RL runs write one row per seed and evaluation, continual runs one
+row per task end (empty cell = not measured, e.g. the test accuracy of a stream without a test set):
+
+    step,seed,updates,return,episodes,wall_time_s           # RL: mean return over `episodes`
+    task,iteration,seed,train_acc,test_acc,loss,test_loss,wall_time_s   # continual
+
+The first column orders the rows. A run resumed from its checkpoint re-runs the steps after that
+checkpoint and evaluates them again, so appending rows for key *k* first drops every row whose key
+is ≥ *k* (a CSV append and the next checkpoint are not atomic together: a kill between them leaves
+rows the resumed run writes again). A line cut short by a kill mid-write is dropped as well. The
+file therefore never holds a key twice, and its rows are those of the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+EVALS = "evals.csv"
+RL_COLUMNS = ("step", "seed", "updates", "return", "episodes", "wall_time_s")
+CONTINUAL_COLUMNS = ("task", "iteration", "seed", "train_acc", "test_acc", "loss", "test_loss", "wall_time_s")
+INTEGER_COLUMNS = frozenset({"step", "seed", "updates", "episodes", "task", "iteration"})
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def append_rows(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
+    """Append ``rows`` (all with the same first-column key) to the CSV at ``path``, after dropping
+    rows whose key is at or past theirs and a cut-off last line."""
+    header = ",".join(columns) + "\n"
+    key = float(rows[0][columns[0]])
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    if lines and not lines[-1].endswith("\n"):
+        lines = lines[:-1]
+    kept = [header] + ([ln for ln in lines[1:] if float(ln.split(",", 1)[0]) < key] if lines[:1] == [header] else [])
+    if kept != lines:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    with path.open("a") as f:
+        f.write("".join(",".join(_cell(row.get(c)) for c in columns) + "\n" for row in rows))
+
+
+def append_rl_evals(
+    run_dir: Path, step: int, updates: int, seeds: Sequence[int], returns: Sequence[float], episodes: int,
+    wall_time: float,
+) -> None:
+    """One RL evaluation: the mean return over ``episodes`` episodes of each seed."""
+    rows = [{"step": step, "seed": s, "updates": updates, "return": float(r), "episodes": episodes,
+             "wall_time_s": wall_time} for s, r in zip(seeds, returns)]
+    append_rows(Path(run_dir) / EVALS, RL_COLUMNS, rows)
+
+
+def append_task_evals(run_dir: Path, row: Mapping[str, Any], seed: int, wall_time: float) -> None:
+    """One continual task end: the runner's per-task row (task, iteration, accuracies, losses)."""
+    append_rows(Path(run_dir) / EVALS, CONTINUAL_COLUMNS, [{**row, "seed": seed, "wall_time_s": wall_time}])
+
+
+def read_evals(run_dir: Path) -> list[dict[str, int | float | None]]:
+    """The rows of ``<run_dir>/evals.csv`` ([] if there is none), numbers parsed, a cut-off last
+    line skipped."""
+    path = Path(run_dir) / EVALS
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    if not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    rows = []
+    for raw in csv.DictReader(text.splitlines()):
+        rows.append({k: None if v == "" else int(v) if k in INTEGER_COLUMNS else float(v) for k, v in raw.items()})
+    return rows

@@ -1,0 +1,207 @@
+"""evals.csv (appends, resume without duplicates) and the report on run directories with known
+numbers: its statistics equal rliable called directly on the same arrays; one seed, ragged runs,
+loose runs, figures that are not blank."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import SMALL, TOY_ID
+from sac_spectral import report
+from sac_spectral.continual import main as continual_main
+from sac_spectral.evals import RL_COLUMNS, append_rows, read_evals
+from sac_spectral.runs import CHECKPOINT, run_cli
+from sac_spectral.train import main as train_main
+
+rliable_library = pytest.importorskip("rliable.library")
+from rliable import metrics  # noqa: E402
+
+REPS, SEED = 300, 7
+
+
+def rliable_estimates(scores, func):
+    """rliable called directly; its bootstrap draws from numpy's global generator."""
+    np.random.seed(SEED)
+    return rliable_library.get_interval_estimates(scores, func, reps=REPS, random_state=np.random.RandomState(SEED))
+
+
+# --------------------------------------------------------------------------------------- evals.csv
+def test_append_drops_rows_at_or_after_the_new_key_and_a_cut_off_line(tmp_path):
+    path = tmp_path / "evals.csv"
+    for step in (10, 20, 30):
+        append_rows(path, RL_COLUMNS, [{"step": step, "seed": s, "return": step + s / 10} for s in (0, 1)])
+    with path.open("a") as f:
+        f.write("40,0,,1.5")  # a kill in the middle of a line
+    append_rows(path, RL_COLUMNS, [{"step": 20, "seed": s, "return": -1.0} for s in (0, 1)])
+    rows = read_evals(tmp_path)
+    assert [(r["step"], r["seed"], r["return"]) for r in rows] == [(10, 0, 10.0), (10, 1, 10.1), (20, 0, -1.0), (20, 1, -1.0)]
+    assert rows[0]["updates"] is None and isinstance(rows[0]["step"], int)
+
+
+def test_a_resumed_run_rewrites_the_evaluations_after_its_checkpoint_once(tmp_path):
+    """Killed after its evaluations at steps 400 and 500 but before the checkpoint at 500: the
+    resumed run (from the checkpoint at 300) evaluates 400 and 500 again; the CSV holds each step
+    once, with the values of the uninterrupted run."""
+    common = SMALL + [f"env={TOY_ID}", "random_steps=100", "eval_every=100", "log_every=100", "buffer_size=1000",
+                      "diagnostics.every=0", "checkpoint_every=300"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run_cli(train_main, common + ["total_steps=600", f"run_dir={straight}"]) == 0
+    assert run_cli(train_main, common + ["total_steps=300", f"run_dir={split}"]) == 0
+    at_300 = (split / CHECKPOINT).read_bytes()
+    assert run_cli(train_main, ["--resume", str(split), "total_steps=500"]) == 0
+    (split / CHECKPOINT).write_bytes(at_300)
+    assert run_cli(train_main, ["--resume", str(split), "total_steps=600"]) == 0
+    a, b = read_evals(straight), read_evals(split)
+    assert [r["step"] for r in b] == [100, 200, 300, 400, 500, 600]
+    assert [(r["step"], r["return"], r["updates"]) for r in a] == [(r["step"], r["return"], r["updates"]) for r in b]
+    history = json.loads((split / "summary.json").read_text())["eval_history"]
+    assert [r["return"] for r in b] == [e["returns"][0] for e in history]
+
+
+def test_a_continual_run_writes_one_row_per_task(tmp_path):
+    rd = tmp_path / "run"
+    assert run_cli(continual_main, ["progress=false", "stream.num_tasks=3", "stream.iters_per_task=20",
+                                    "gradient_diagnostics=false", f"run_dir={rd}", "seed=4"]) == 0
+    rows, tasks = read_evals(rd), json.loads((rd / "summary.json").read_text())["tasks"]
+    assert [(r["task"], r["iteration"], r["seed"], r["train_acc"], r["test_acc"]) for r in rows] == \
+        [(t["task"], t["iteration"], 4, t["train_acc"], t["test_acc"]) for t in tasks]
+
+
+# --------------------------------------------------------------------------------------- synthetic runs
+def make_run(path: Path, config: dict, rows: list[tuple[int, int, float]]) -> None:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = [",".join(RL_COLUMNS)] + [f"{step},{seed},{step},{float(ret)!r},1,0.0" for step, seed, ret in rows]
+    (path / "evals.csv").write_text("\n".join(lines) + "\n")
+
+
+def make_sweep(root: Path, scores: dict[str, np.ndarray], tasks: list[str], steps: list[int],
+               lengths: dict | None = None) -> None:
+    """A sweep directory whose method m, task j, seed i has return 1000·scores[m][i, j, k] at steps[k]."""
+    trials = {}
+    for m, arr in scores.items():
+        for j, task in enumerate(tasks):
+            for i in range(arr.shape[0]):
+                tid = f"{m}/{task.replace(':', '-')}/s{i}"
+                n = (lengths or {}).get((m, j, i), len(steps))
+                make_run(root / tid, {"env": task, "seed": i}, [(steps[k], i, 1000 * arr[i, j, k]) for k in range(n)])
+                trials[tid] = {"status": "done", "method": m, "task": {"env": task}, "seeds": [i], "run_dir": tid,
+                               "error": None}
+    trials["pending/s0"] = {"status": "pending", "method": "pending", "task": {}, "seeds": [0], "run_dir": "pending/s0",
+                            "error": None}
+    (root / "sweep.yaml").write_text(yaml.safe_dump({"name": root.name, "kind": "train", "task_keys": ["env"],
+                                                     "grid": {"env": tasks}}))
+    (root / "status.json").write_text(json.dumps({"trials": trials}))
+
+
+TASKS = ["dmc:cheetah-run", "dmc:walker-walk"]
+STEPS = [1000, 2000, 3000, 4000]
+
+
+@pytest.fixture
+def known(tmp_path):
+    rng = np.random.default_rng(0)
+    scores = {"sac": rng.uniform(0.1, 0.5, (4, 2, 4)), "spectral": rng.uniform(0.3, 0.8, (4, 2, 4)),
+              "resets": rng.uniform(0.2, 0.6, (4, 2, 4))}
+    make_sweep(tmp_path / "study", scores, TASKS, STEPS)
+    return tmp_path / "study", scores
+
+
+@pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")  # arch, called by rliable
+def test_statistics_equal_rliable_on_the_same_arrays(known):
+    root, scores = known
+    study = report.load([str(root)])
+    al = report.align(study)
+    assert al.methods == ["sac", "spectral", "resets"] and al.tasks == TASKS and al.x.tolist() == STEPS
+    st = report.compute_statistics(al, study.kind, "sac", REPS, SEED)
+    final = {m: s[:, :, -1] for m, s in scores.items()}
+    for m in scores:
+        np.testing.assert_allclose(al.scores[m], scores[m], rtol=1e-12)
+        ref_point, ref_ci = rliable_estimates(
+            {m: final[m]}, lambda x: np.array([metrics.aggregate_median(x), metrics.aggregate_iqm(x),
+                                               metrics.aggregate_mean(x), metrics.aggregate_optimality_gap(x)]))
+        np.testing.assert_allclose(st["point"][m], ref_point[m], rtol=1e-12)
+        np.testing.assert_allclose(st["ci"][m], ref_ci[m], rtol=1e-12)
+        per_step = np.array([metrics.aggregate_iqm(scores[m][..., k]) for k in range(len(STEPS))])
+        np.testing.assert_allclose(st["curve_point"][m], per_step, rtol=1e-12)
+        taus = st["taus"]
+        np.testing.assert_array_equal(report.profile(final[m], taus), rliable_library.score_distributions(final[m], taus))
+    poi_point, poi_ci = rliable_estimates({"spectral;sac": (final["spectral"], final["sac"])},
+                                          metrics.probability_of_improvement)
+    assert st["poi_point"]["spectral;sac"] == pytest.approx(poi_point["spectral;sac"], rel=1e-12)
+    np.testing.assert_allclose(st["poi_ci"]["spectral;sac"], poi_ci["spectral;sac"], rtol=1e-12)
+
+
+def test_report_files_and_figures_are_not_blank(known, tmp_path):
+    import matplotlib.image
+
+    root, scores = known
+    out = tmp_path / "out"
+    assert run_cli(report.main, [str(root), "--out", str(out), "--reps", str(REPS), "--seed", str(SEED),
+                                 "--baseline", "spectral"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    iqm = metrics.aggregate_iqm(scores["resets"][:, :, -1])
+    assert data["methods"]["resets"]["iqm"][0] == pytest.approx(iqm, rel=1e-12)
+    assert data["baseline"] == "spectral" and set(data["probability_of_improvement"]) == {"sac", "resets"}
+    md = (out / "report.md").read_text()
+    assert "| resets | " in md and f"{iqm:.3f} [" in md and "pending/s0 (pending: no scored evaluation yet)" in md
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["final_scores.png", "iqm_curves.png", "per_task_curves.png", "performance_profile.png",
+                    "probability_of_improvement.png"]
+    for name in pngs:
+        img = matplotlib.image.imread(out / name)[..., :3]
+        assert img.shape[0] > 150 and img.shape[1] > 300, name
+        assert (img < 0.9).mean() > 0.01 and img.std() > 0.05, name  # drawn on, not a blank canvas
+
+
+def test_one_seed_has_no_confidence_interval(tmp_path):
+    arr = {"a": np.array([[[0.2, 0.4], [0.5, 0.7]]]), "b": np.array([[[0.1, 0.3], [0.6, 0.9]]])}
+    make_sweep(tmp_path / "one", arr, TASKS, [1000, 2000])
+    out = tmp_path / "out"
+    assert run_cli(report.main, [str(tmp_path / "one"), "--out", str(out), "--reps", "50"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    point, lo, hi = data["methods"]["b"]["iqm"]
+    assert point == lo == hi == pytest.approx(0.6)  # IQM of the final scores 0.3 and 0.9
+    assert "One seed per task: no confidence intervals" in (out / "report.md").read_text()
+
+
+def test_ragged_runs_are_cut_to_common_steps_and_seeds(tmp_path):
+    rng = np.random.default_rng(1)
+    scores = {"a": rng.uniform(0, 1, (3, 2, 4)), "b": rng.uniform(0, 1, (2, 2, 4))}
+    make_sweep(tmp_path / "ragged", scores, TASKS, STEPS, lengths={("b", 1, 0): 3})
+    (tmp_path / "ragged" / "a/dmc-walker-walk/s2").rename(tmp_path / "gone")  # a seed missing on one task
+    al = report.align(report.load([str(tmp_path / "ragged")]))
+    assert al.x.tolist() == STEPS[:3]
+    assert al.seeds == {"a": [0, 1], "b": [0, 1]}
+    np.testing.assert_allclose(al.scores["a"], scores["a"][:2, :, :3])
+    assert any("seeds [2] left out" in n for n in al.notes)
+    assert any("curves cut to 3000" in n and "up to 4000" in n for n in al.notes)
+    final = report.final_scores(al, "train")
+    np.testing.assert_allclose(final["b"], scores["b"][:, :, 2])
+
+
+def test_loose_runs_are_grouped_by_the_keys_in_which_they_differ(tmp_path):
+    for reg, level in (([], 0.2), ([{"name": "spectral", "coef": 1e-3}], 0.6)):
+        for seed in (0, 1):
+            cfg = {"env": "dmc:cheetah-run", "seed": seed, "run_dir": f"x{seed}", "critic": {"regularizers": reg, "lr": 3e-4}}
+            make_run(tmp_path / "runs" / f"{len(reg)}_{seed}", cfg, [(1000, seed, 1000 * (level + seed / 100))])
+    study = report.load([str(tmp_path / "runs")])
+    assert "critic.regularizers" in study.grouping and "critic.lr" not in study.grouping
+    al = report.align(study)
+    assert al.methods == ["critic.regularizers=[]", 'critic.regularizers=[{"coef": 0.001, "name": "spectral"}]']
+    np.testing.assert_allclose(report.final_scores(al, "train")[al.methods[1]][:, 0], [0.6, 0.61])
+
+
+def test_report_errors_are_one_line(tmp_path, capsys):
+    assert run_cli(report.main, [str(tmp_path / "nothing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    make_run(tmp_path / "rl", {"env": "dmc:cheetah-run", "seed": 0}, [(1000, 0, 1.0)])
+    (tmp_path / "cl").mkdir()
+    (tmp_path / "cl" / "config.yaml").write_text(yaml.safe_dump({"stream": {"kind": "random_label"}, "seed": 0}))
+    assert run_cli(report.main, [str(tmp_path)]) == 2
+    assert "mix RL and continual runs" in capsys.readouterr().err
+    assert run_cli(report.main, [str(tmp_path / "rl"), "--baseline", "nope"]) == 2
+    assert "--baseline 'nope' is not one of the methods: runs" in capsys.readouterr().err
