@@ -40,10 +40,11 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
                           "every task end, and every diagnostics_every iterations)")
     state = load_checkpoint(run_dir / CHECKPOINT)
     saved = state.get("config")
+    source = run_dir / (CHECKPOINT if isinstance(saved, dict) else CONFIG_FILE)
     try:
         cfg = merge_sources(TrainConfig, {**saved, "device": "cpu"} if isinstance(saved, dict) else data)
     except ConfigError as err:
-        raise ConfigError(f"{run_dir / CONFIG_FILE}: {err}") from None
+        raise ConfigError(f"the config in {source}: {err}") from None
     cfg.device = "cpu"
     try:
         data = state["buffer"]["data"]

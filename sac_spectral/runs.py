@@ -125,7 +125,8 @@ def resolve_config(cls: type[T], args: argparse.Namespace, resumable: Iterable[s
         raise ConfigError("--resume takes the run's saved config.yaml; do not pass --config as well")
     run_dir = Path(args.resume)
     if not run_dir.is_dir():
-        raise ConfigError(f"cannot resume '{run_dir}': no such run directory")
+        what = "is a file, not a run directory" if run_dir.exists() else "no such run directory"
+        raise ConfigError(f"cannot resume '{run_dir}': {what}")
     if not (run_dir / CONFIG_FILE).is_file():
         raise ConfigError(f"cannot resume '{run_dir}': {run_dir / CONFIG_FILE} is missing")
     allowed = set(resumable)
@@ -588,8 +589,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: aborted by a second interrupt without writing a checkpoint; the last one written (if any) "
-              "is kept", file=sys.stderr)
+        print("error: interrupted before a checkpoint could be written (a second Ctrl-C aborts at once); "
+              "the last checkpoint written, if any, is kept", file=sys.stderr)
         return 128 + signal.SIGINT
     except OSError as err:
         print(f"error: {describe_os_error(err)}", file=sys.stderr)

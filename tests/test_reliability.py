@@ -586,7 +586,7 @@ def test_a_second_interrupt_aborts_with_one_line_and_exit_130(capsys):
         raise KeyboardInterrupt
 
     assert run_cli(interrupted, []) == 130
-    one_error(capsys, "aborted by a second interrupt")
+    one_error(capsys, "interrupted before a checkpoint could be written")
 
 
 def test_checkpoint_errors_are_one_line_config_errors(tmp_path):
