@@ -1,10 +1,11 @@
 """``python -m sac_spectral.diagnose RUN_DIR [--batch-size N] [--tau T] [--json FILE] [--plot FILE]``
 
-Loads a run's ``config.yaml`` and ``checkpoints/latest.pt``, rebuilds the saved agent and replay
-buffer (no environment is created) and prints the diagnostics of the saved actor and critics on a
+Loads a run's ``checkpoints/latest.pt`` with the config recorded in it (``config.yaml`` for older
+checkpoints), rebuilds the saved agent and replay buffer (no environment is created) and prints the diagnostics of the saved actor and critics on a
 probe batch from the saved buffer: per-example gradient rank of their losses, weight spectra per
 layer, feature rank and dormant units. Values are per seed (critics averaged within a seed).
-``--plot`` draws the singular values (needs matplotlib, an optional dependency).
+``--plot`` draws the singular values (needs matplotlib, an optional dependency). Runs of
+``python -m sac_spectral.continual`` log the same diagnostics to TensorBoard instead.
 """
 
 from __future__ import annotations
