@@ -974,6 +974,16 @@ def existing_run_dir_not_overwritten(ctx: Ctx) -> list[str]:
 
 
 @attack("hand-edited run dir")
+def hand_written_config_in_the_run_dir_is_kept(ctx: Ctx) -> list[str]:
+    rd = ctx.path("own_config")
+    rd.mkdir()
+    (rd / "config.yaml").write_text("# my notes\ntotal_steps: 60\n")
+    before = snapshot(rd)
+    problems = expect_error(ctx.T("--config", rd / "config.yaml", *RL, f"run_dir={rd}"), 2, "run_dir")
+    return problems + expect_error(ctx.T("--resume", rd), 2, "latest.pt") + unchanged(before, rd)
+
+
+@attack("hand-edited run dir")
 def resume_without_config_yaml(ctx: Ctx) -> list[str]:
     rd = ctx.copy("R", "no_config")
     (rd / "config.yaml").unlink()

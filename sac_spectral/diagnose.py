@@ -1,10 +1,11 @@
 """``python -m sac_spectral.diagnose RUN_DIR [--batch-size N] [--tau T] [--json FILE] [--plot FILE]``
 
-Loads a run's ``config.yaml`` and ``checkpoints/latest.pt``, rebuilds the saved agent and replay
-buffer (no environment is created) and prints the diagnostics of the saved actor and critics on a
+Loads a run's ``checkpoints/latest.pt`` with the config recorded in it (``config.yaml`` for older
+checkpoints), rebuilds the saved agent and replay buffer (no environment is created) and prints the diagnostics of the saved actor and critics on a
 probe batch from the saved buffer: per-example gradient rank of their losses, weight spectra per
 layer, feature rank and dormant units. Values are per seed (critics averaged within a seed).
-``--plot`` draws the singular values (needs matplotlib, an optional dependency).
+``--plot`` draws the singular values (needs matplotlib, an optional dependency). Runs of
+``python -m sac_spectral.continual`` log the same diagnostics to TensorBoard instead.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
                           "every task end, and every diagnostics_every iterations)")
     state = load_checkpoint(run_dir / CHECKPOINT)
     saved = state.get("config")
+    source = run_dir / (CHECKPOINT if isinstance(saved, dict) else CONFIG_FILE)
     try:
         cfg = merge_sources(TrainConfig, {**saved, "device": "cpu"} if isinstance(saved, dict) else data)
     except ConfigError as err:
-        raise ConfigError(f"{run_dir / CONFIG_FILE}: {err}") from None
+        raise ConfigError(f"the config in {source}: {err}") from None
     cfg.device = "cpu"
     try:
         check_format(state)

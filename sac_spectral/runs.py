@@ -128,7 +128,8 @@ def resolve_config(cls: type[T], args: argparse.Namespace, resumable: Iterable[s
         raise ConfigError("--resume takes the run's saved config.yaml; do not pass --config as well")
     run_dir = Path(args.resume)
     if not run_dir.is_dir():
-        raise ConfigError(f"cannot resume '{run_dir}': no such run directory")
+        what = "is a file, not a run directory" if run_dir.exists() else "no such run directory"
+        raise ConfigError(f"cannot resume '{run_dir}': {what}")
     if not (run_dir / CONFIG_FILE).is_file():
         raise ConfigError(f"cannot resume '{run_dir}': {run_dir / CONFIG_FILE} is missing")
     allowed = set(resumable)
@@ -143,7 +144,7 @@ def resolve_config(cls: type[T], args: argparse.Namespace, resumable: Iterable[s
         raise ConfigError(f"{run_dir / CONFIG_FILE}: {err}") from None
     cfg = merge_sources(cls, data, args.overrides)
     checkpoint = run_dir / CHECKPOINT
-    if not checkpoint.exists() and is_unstarted_run_dir(run_dir):
+    if not checkpoint.exists() and is_unstarted_run_dir(run_dir, cls):
         return Resolved(cfg, run_dir, restart=True)
     if not checkpoint.is_file():
         raise ConfigError(f"cannot resume '{run_dir}': {checkpoint} is missing")
@@ -191,10 +192,17 @@ def remove_stale_temp_files(run_dir: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def is_unstarted_run_dir(path: Path) -> bool:
+def is_unstarted_run_dir(path: Path, cls: type) -> bool:
     """A run directory whose run was stopped (e.g. by kill -9) before its first checkpoint: a
-    ``config.yaml``, TensorBoard events and stale temporary files, no checkpoint, no summary."""
+    ``config.yaml`` as a run of config class ``cls`` writes it (every key; a hand-written file
+    never counts), TensorBoard events and stale temporary files; no checkpoint, no summary."""
     if not path.is_dir() or not (path / CONFIG_FILE).is_file():
+        return False
+    try:
+        written = flatten(read_yaml(path / CONFIG_FILE))
+    except ConfigError:
+        return False
+    if set(written) != set(flatten(to_dict(cls()))):
         return False
     stale = set(stale_temp_files(path))
     for p in path.iterdir():
@@ -206,16 +214,17 @@ def is_unstarted_run_dir(path: Path) -> bool:
     return True
 
 
-def check_new_run_dir(path: Path) -> bool:
+def check_new_run_dir(path: Path, cls: type) -> bool:
     """Refuse to start a fresh run in a file or in a directory that already holds files; True if
-    ``path`` holds only a run stopped before its first checkpoint, which a fresh run may replace."""
+    ``path`` holds only a run (of config class ``cls``) stopped before its first checkpoint, which
+    a fresh run may replace."""
     if path.exists() and not path.is_dir():
         raise ConfigError(f"run_dir '{path}' is a file, not a directory; choose another run_dir")
     if not path.exists() or not any(path.iterdir()):
         return False
-    if is_unstarted_run_dir(path):
+    if is_unstarted_run_dir(path, cls):
         return True
-    if (path / CONFIG_FILE).exists() or (path / CHECKPOINT).exists():
+    if (path / CHECKPOINT).exists() or (path / SUMMARY).exists():
         raise ConfigError(f"run_dir '{path}' already exists and holds a run; resume it with --resume {path} or choose another run_dir")
     raise ConfigError(f"run_dir '{path}' already exists and holds other files; choose another (or an empty) run_dir")
 
@@ -266,11 +275,11 @@ def open_run_dir(cfg: Any, default_name: str, root: str = "runs") -> Path:
     if not str(cfg.run_dir).strip():
         raise ConfigError(f"run_dir: empty; give a directory, or leave run_dir out for {root}/<name>__<time>")
     path = Path(cfg.run_dir)
-    reuse = check_new_run_dir(path)
+    reuse = check_new_run_dir(path, type(cfg))
     created = _make_dirs(path)
     try:
         lock_run_dir(path)
-        if check_new_run_dir(path):  # under the lock: nobody else is using it
+        if check_new_run_dir(path, type(cfg)):  # under the lock: nobody else is using it
             if not reuse:
                 raise ConfigError(f"run_dir '{path}' was filled by another process; choose another run_dir")
             for p in [*path.glob(f"{_EVENTS}*"), *stale_temp_files(path)]:
@@ -627,8 +636,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: aborted by a second interrupt without writing a checkpoint; the last one written (if any) "
-              "is kept", file=sys.stderr)
+        print("error: interrupted before a checkpoint could be written (a second Ctrl-C aborts at once); "
+              "the last checkpoint written, if any, is kept", file=sys.stderr)
         return 128 + signal.SIGINT
     except OSError as err:
         print(f"error: {describe_os_error(err)}", file=sys.stderr)

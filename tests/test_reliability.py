@@ -501,7 +501,19 @@ def test15_a_fresh_run_may_reuse_an_unstarted_run_dir_but_not_a_started_one(fini
     (rl_run / "notes.txt").write_text("mine")
     (rl_run / CHECKPOINT).unlink()
     assert T(*RL, f"run_dir={rl_run}") == 2
-    one_error(capsys, "holds a run")
+    one_error(capsys, "holds other files")
+
+
+def test15_a_hand_written_config_yaml_is_not_taken_for_an_unstarted_run(tmp_path, capsys):
+    rd = tmp_path / "exp"
+    rd.mkdir()
+    (rd / "config.yaml").write_text("# my notes\ntotal_steps: 60\n")
+    before = snapshot(rd)
+    assert T("--config", rd / "config.yaml", *RL, f"run_dir={rd}") == 2
+    one_error(capsys, "holds other files")
+    assert T("--resume", rd) == 2
+    one_error(capsys, "latest.pt is missing")
+    assert snapshot(rd) == before
 
 
 def test16_stale_temp_files_are_removed_on_resume(rl_run):
@@ -592,7 +604,7 @@ def test_a_second_interrupt_aborts_with_one_line_and_exit_130(capsys):
         raise KeyboardInterrupt
 
     assert run_cli(interrupted, []) == 130
-    one_error(capsys, "aborted by a second interrupt")
+    one_error(capsys, "interrupted before a checkpoint could be written")
 
 
 def test_checkpoint_errors_are_one_line_config_errors(tmp_path):
