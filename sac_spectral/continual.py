@@ -163,7 +163,7 @@ class ContinualConfig:
     run_dir: str | None = option(None, "run directory (default: runs/<dataset>-<stream>__<regularizers>__s<seed>__<time>)")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     dtype: str = option("float32", "parameter and input precision: float32 | float64")
-    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start; the count used is saved)")
+    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start)")
     progress: bool = option(True, "show a progress bar")
 
     def validate(self) -> None:
@@ -199,7 +199,7 @@ class ContinualRunner:
 
     def __init__(self, cfg: ContinualConfig) -> None:
         self.cfg = cfg
-        cfg.threads = set_torch_threads(cfg.threads)  # 0 resolves to a count, recorded in config.yaml
+        set_torch_threads(cfg.threads)
         self.device, self.dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
         s = cfg.stream
         self.dataset = None

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from sac_spectral.config import ConfigError, help_text, merge_sources, parse_override, read_yaml, to_dict
 from sac_spectral.logging import RunLogger
-from sac_spectral.threads import choose_threads
+from sac_spectral.threads import allowed_cores, choose_threads
 
 T = TypeVar("T")
 CONFIG_FILE = "config.yaml"
@@ -99,11 +99,12 @@ def reopen_run_dir(cfg: Any, path: Path) -> dict[str, Any]:
 
 def set_torch_threads(requested: int) -> int:
     """Give torch ``requested`` CPU threads, or with 0 the cores other processes left idle while this
-    one started (:mod:`sac_spectral.threads`). Returns the count; runners store it in their config,
-    so ``config.yaml`` shows it and a resume uses it (the count changes floating-point summation
-    order, hence the exact trajectory)."""
-    threads = choose_threads(requested, torch.get_num_threads())
+    one started (:mod:`sac_spectral.threads`); says so on stderr when that is fewer than all."""
+    threads, why = choose_threads(requested, torch.get_num_threads())
     torch.set_num_threads(threads)
+    if requested == 0 and threads < len(allowed_cores()):
+        print(f"note: threads=0 → {threads} torch thread{'s' * (threads > 1)} ({why}); set threads=N to choose",
+              file=sys.stderr)
     return threads
 
 

@@ -85,13 +85,16 @@ class CoreSample:
 START = CoreSample()
 
 
-def choose_threads(requested: int, current: int, since: CoreSample | None = None) -> int:
+def choose_threads(requested: int, current: int, since: CoreSample | None = None) -> tuple[int, str]:
     """Threads for torch: ``requested`` if > 0; else torch's ``current`` count (all allowed cores
     unless ``OMP_NUM_THREADS`` or the embedding program lowered it) cut to the allowed cores that
-    other processes did not keep busy since ``since`` (default: import time), at least 1."""
+    other processes did not keep busy since ``since`` (default: import time), at least 1.
+    Returns the count and why."""
     if requested > 0:
-        return requested
+        return requested, f"threads={requested}"
+    cores = len(allowed_cores())
     busy = (since or START).busy_elsewhere()
     if busy is None:
-        return current
-    return max(1, min(current, int(len(allowed_cores()) - busy + 0.5)))
+        return current, f"torch's {current}"
+    free = max(1, min(current, int(cores - busy + 0.5)))
+    return free, f"{cores} allowed cores, {busy:.1f} busy with other processes"

@@ -81,7 +81,7 @@ class TrainConfig(SACConfig):
     checkpoint_every: int = option(25_000, "checkpoint every N env steps (0 = only at the end)")
     run_dir: str | None = option(None, "run directory (default: runs/<env>__<tag>__s<seed>__<time>)")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
-    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start; the count used is saved)")
+    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start)")
     progress: bool = option(True, "show a progress bar")
     resets: ResetConfig = section(ResetConfig)
     diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
@@ -118,7 +118,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        cfg.threads = set_torch_threads(cfg.threads)  # 0 resolves to a count, recorded in config.yaml
+        set_torch_threads(cfg.threads)
         self.device = torch.device(cfg.device)
         self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
         try:

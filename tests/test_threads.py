@@ -51,12 +51,12 @@ def test_busy_cores_are_what_other_processes_used_in_the_window(monkeypatch, bus
     sample = _sample_with(monkeypatch, [(1000, 5000), (1000 + busy_ticks, 5200)], (1.0, 1.0 + own_s))
     monkeypatch.setattr(threads.os, "sysconf", lambda name: 100)
     assert sample.busy_elsewhere() == pytest.approx(expected_busy)
-    assert threads.choose_threads(0, 2, sample) == expected_threads
-    assert threads.choose_threads(0, 1, sample) == 1  # never more than torch's own count
-    assert threads.choose_threads(3, 2, sample) == 3  # an explicit count wins
+    assert threads.choose_threads(0, 2, sample)[0] == expected_threads
+    assert threads.choose_threads(0, 1, sample)[0] == 1  # never more than torch's own count
+    assert threads.choose_threads(3, 2, sample)[0] == 3  # an explicit count wins
 
 
 def test_without_proc_stat_torch_keeps_its_count(monkeypatch):
     sample = _sample_with(monkeypatch, [None, None], (1.0, 1.0))
     assert sample.busy_elsewhere() is None
-    assert threads.choose_threads(0, 2, sample) == 2
+    assert threads.choose_threads(0, 2, sample) == (2, "torch's 2")
