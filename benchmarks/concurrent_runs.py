@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -60,8 +61,15 @@ def rate(spans: list[tuple[float, float, float]], lo: float = float("-inf"), hi:
     return sum(n for _, _, n in inside) / sum(b - a for a, b, _ in inside)
 
 
-def launch(count: int, args: argparse.Namespace, root: Path, tag: str, before: bool = False) -> list[float]:
-    """Start ``count`` runs at once; their updates/s over the time all of them were updating."""
+def threads_used(stderr: str) -> str:
+    """The thread count from the runner's ``config: … | cpu, N thread(s)`` line ("?" if absent)."""
+    found = re.search(r"^config: .*\| \w+, (\d+) threads?", stderr, re.MULTILINE)
+    return found.group(1) if found else "?"
+
+
+def launch(count: int, args: argparse.Namespace, root: Path, tag: str, before: bool = False) -> list[tuple[float, str]]:
+    """Start ``count`` runs at once; each one's updates/s over the time all of them were updating,
+    and the thread count it used."""
     env = dict(os.environ) if args.keep_env else {k: v for k, v in os.environ.items() if k not in CLEARED}
     overrides, updates = list(args.overrides), args.updates
     if before:
@@ -74,13 +82,15 @@ def launch(count: int, args: argparse.Namespace, root: Path, tag: str, before: b
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for d in dirs
     ]
+    used = []
     for p in procs:
         _, err = p.communicate()
         if p.returncode != 0:
             raise SystemExit(f"a run failed (exit {p.returncode}):\n{err}")
+        used.append(threads_used(err))
     spans = [intervals(d, args.random_steps) for d in dirs]
     lo, hi = max(s[0][0] for s in spans), min(s[-1][1] for s in spans)
-    return [rate(s, lo, hi) for s in spans]
+    return [(rate(s, lo, hi), n) for s, n in zip(spans, used)]
 
 
 def main() -> None:
@@ -97,7 +107,7 @@ def main() -> None:
     args = p.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; cores: {len(os.sched_getaffinity(0))}")
     print(f"runs: cheetah-run, {args.random_steps} random steps + {args.updates} updates, overrides: {args.overrides or 'none'}")
-    rounds: dict[str, list[list[float]]] = {"alone": [], "together": []}
+    rounds: dict[str, list[list[tuple[float, str]]]] = {"alone": [], "together": []}
     if args.before:
         rounds["alone, before"] = []
     if args.before_together:
@@ -108,9 +118,9 @@ def main() -> None:
             for name in rounds:
                 count = args.together if name.startswith("together") else 1
                 rounds[name].append(launch(count, args, root, f"{name.replace(', ', '_')}{r}", "before" in name))
-            print(f"  round {r}: " + "; ".join(f"{k} " + ", ".join(f"{x:.1f}" for x in v[-1]) for k, v in rounds.items()),
-                  flush=True)
-    med = {k: [statistics.median(rnd[i] for rnd in v) for i in range(len(v[0]))] for k, v in rounds.items()}
+            print(f"  round {r} (updates/s, threads): "
+                  + "; ".join(f"{k} " + ", ".join(f"{x:.1f} ({n})" for x, n in v[-1]) for k, v in rounds.items()), flush=True)
+    med = {k: [statistics.median(rnd[i][0] for rnd in v) for i in range(len(v[0]))] for k, v in rounds.items()}
     base = med["alone"][0]
     print(f"alone: {base:.1f} updates/s (median of {args.repeats})")
     for i, x in enumerate(med["together"]):
