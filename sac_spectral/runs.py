@@ -97,15 +97,15 @@ def reopen_run_dir(cfg: Any, path: Path) -> dict[str, Any]:
     return state
 
 
-def set_torch_threads(requested: int) -> int:
+def set_torch_threads(requested: int) -> str:
     """Give torch ``requested`` CPU threads, or with 0 the cores other processes left idle while this
-    one started (:mod:`sac_spectral.threads`); says so on stderr when that is fewer than all."""
+    one started (:mod:`sac_spectral.threads`). Returns how many and why, for the run's summary line."""
     threads, why = choose_threads(requested, torch.get_num_threads())
     torch.set_num_threads(threads)
+    plural = "s" * (threads > 1)
     if requested == 0 and threads < len(allowed_cores()):
-        print(f"note: threads=0 → {threads} torch thread{'s' * (threads > 1)} ({why}); set threads=N to choose",
-              file=sys.stderr)
-    return threads
+        return f"{threads} thread{plural} (threads=0: {why}; set threads=N to choose)"
+    return f"{threads} thread{plural}"
 
 
 def progress_bar(total: int, initial: int, unit: str, enabled: bool) -> tqdm:
