@@ -28,18 +28,15 @@ import tempfile
 from pathlib import Path
 
 CLEARED = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES")
-LOG_EVERY = 250
-
-
-def command(run_dir: Path, updates: int, random_steps: int, overrides: list[str]) -> list[str]:
+def command(run_dir: Path, updates: int, args: argparse.Namespace, overrides: list[str]) -> list[str]:
     return [
-        sys.executable, "-m", "sac_spectral.train", "env=dmc:cheetah-run", f"total_steps={random_steps + updates}",
-        f"random_steps={random_steps}", "eval_every=0", "eval_episodes=1", f"log_every={LOG_EVERY}",
+        sys.executable, "-m", "sac_spectral.train", "env=dmc:cheetah-run", f"total_steps={args.random_steps + updates}",
+        f"random_steps={args.random_steps}", "eval_every=0", "eval_episodes=1", f"log_every={args.log_every}",
         "checkpoint_every=0", "diagnostics.every=0", "progress=false", f"run_dir={run_dir}", *overrides,
     ]
 
 
-def intervals(run_dir: Path, random_steps: int) -> list[tuple[float, float, float]]:
+def intervals(run_dir: Path, random_steps: int, log_every: int) -> list[tuple[float, float, float]]:
     """``(start wall time, end wall time, updates)`` of each logged interval after the warm-up."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -48,7 +45,7 @@ def intervals(run_dir: Path, random_steps: int) -> list[tuple[float, float, floa
     events = acc.Scalars("perf/updates_per_s")
     out = []
     for prev, ev in zip(events, events[1:]):
-        if prev.step >= random_steps + LOG_EVERY:  # the interval (prev, ev] holds updates only
+        if prev.step >= random_steps + log_every:  # the interval (prev, ev] holds updates only
             out.append((prev.wall_time, ev.wall_time, (ev.wall_time - prev.wall_time) * ev.value))
     return out
 
@@ -78,7 +75,7 @@ def launch(count: int, args: argparse.Namespace, root: Path, tag: str, before: b
         updates = args.before_updates if count > 1 else updates
     dirs = [root / f"{tag}_{i}" for i in range(count)]
     procs = [
-        subprocess.Popen(command(d, updates, args.random_steps, overrides), env=env,
+        subprocess.Popen(command(d, updates, args, overrides), env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for d in dirs
     ]
@@ -88,7 +85,7 @@ def launch(count: int, args: argparse.Namespace, root: Path, tag: str, before: b
         if p.returncode != 0:
             raise SystemExit(f"a run failed (exit {p.returncode}):\n{err}")
         used.append(threads_used(err))
-    spans = [intervals(d, args.random_steps) for d in dirs]
+    spans = [intervals(d, args.random_steps, args.log_every) for d in dirs]
     lo, hi = max(s[0][0] for s in spans), min(s[-1][1] for s in spans)
     return [(rate(s, lo, hi), n) for s, n in zip(spans, used)]
 
@@ -98,6 +95,7 @@ def main() -> None:
     p.add_argument("--together", type=int, default=2, help="runs started at once")
     p.add_argument("--updates", type=int, default=3000, help="updates per run")
     p.add_argument("--random-steps", type=int, default=500)
+    p.add_argument("--log-every", type=int, default=250, help="env steps per logged rate interval")
     p.add_argument("--repeats", type=int, default=2, help="alternated rounds; medians")
     p.add_argument("--before", action="store_true", help="also time a run alone as the runner behaved before")
     p.add_argument("--before-together", action="store_true", help="also start --together such runs at once")
