@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+import sac_spectral  # noqa: F401  (first: it sets OpenMP's spin-wait before torch loads libgomp)
 import torch
 from torch import Tensor
 
@@ -42,7 +44,8 @@ class ReplayBuffer:
         self.device = torch.device(device)
         shapes = {"obs": (obs_dim,), "action": (act_dim,), "reward": (), "next_obs": (obs_dim,), "terminated": ()}
         #: field → ``[num_seeds, capacity, ...]`` tensor
-        self.storage: dict[str, Tensor] = {k: torch.zeros(n, capacity, *shapes[k], device=self.device) for k in KEYS}
+        # uninitialized: only the filled part [:, :size] is ever read (untouched pages cost nothing)
+        self.storage: dict[str, Tensor] = {k: torch.empty(n, capacity, *shapes[k], device=self.device) for k in KEYS}
         self._numpy = [v.numpy() for v in self.storage.values()] if self.device.type == "cpu" else None
         self.ptr = 0
         self.size = 0

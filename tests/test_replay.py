@@ -42,4 +42,5 @@ def test_state_dict_roundtrip():
     other = ReplayBuffer(8, 3, 1, num_seeds=2)
     other.load_state_dict(buf.state_dict())
     assert other.ptr == 5 and other.size == 5
-    assert torch.equal(other.storage["obs"], buf.storage["obs"])
+    for key, value in buf.storage.items():  # the filled part; the rest is never read
+        assert torch.equal(other.storage[key][:, :5], value[:, :5])

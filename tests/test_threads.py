@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -9,19 +10,26 @@ from sac_spectral import threads
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _env_after_import(code: str, **env: str) -> str:
+def test_importing_the_package_lowers_the_openmp_spin():
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, "PYTHONPATH": ROOT, **env},
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    out = subprocess.run([sys.executable, "-c", "import sac_spectral, os; print(os.environ.get('GOMP_SPINCOUNT'))"],
+                         env={**clean, "PYTHONPATH": ROOT}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == threads.SPIN_COUNT
 
 
-def test_importing_the_package_lowers_the_openmp_spin_before_torch_loads():
-    show = "import os; print(os.environ.get('GOMP_SPINCOUNT'))"
-    assert _env_after_import(f"import sac_spectral; {show}") == threads.SPIN_COUNT
-    assert _env_after_import(f"import torch, sac_spectral; {show}") == "None"  # too late: left alone
-    assert _env_after_import(f"import sac_spectral; {show}", GOMP_SPINCOUNT="7") == "7"
-    assert _env_after_import(f"import sac_spectral; {show}", OMP_WAIT_POLICY="ACTIVE") == "None"
+@pytest.mark.parametrize(
+    "torch_loaded, env, expected",
+    [(False, {}, threads.SPIN_COUNT), (True, {}, None), (False, {"GOMP_SPINCOUNT": "7"}, "7"),
+     (False, {"OMP_WAIT_POLICY": "ACTIVE"}, None)],
+)
+def test_the_spin_is_set_only_before_torch_loads_and_never_over_the_users_setting(monkeypatch, torch_loaded, env, expected):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(threads, "sys", SimpleNamespace(modules={"torch": None} if torch_loaded else {}))
+    threads.configure_openmp()
+    assert os.environ.get("GOMP_SPINCOUNT") == expected
 
 
 def _sample_with(monkeypatch, jiffies, own_s, cores=(0, 1)):

@@ -47,27 +47,24 @@ MODES = ("max", "all")
 
 def _step(
     ws: Sequence[Tensor], u_rows: Sequence[Tensor], tails: Sequence[Tensor] = (), ones: Tensor | None = None
-) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
+) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """One power step on each ``w [B, rows, cols]`` of ``ws`` from ``u [B, 1, rows]``, out of place:
-    ``v′ = uᵀW``, ``u′ = v′ᵀWᵀ`` (row-vector products), then ``û = u′/‖u′‖``, ``v̂ = v′/‖v′‖``.
+    ``v′ = uᵀW``, ``u′ = v′ᵀWᵀ`` (row-vector products), ``û = u′/‖u′‖``, ``v̂ = v′/‖v′‖``.
 
-    The norms of all matrices, and of the extra ``[B, 1, n]`` tensors ``tails``, are computed into
-    one tensor ``N = [‖u′‖…, ‖tail‖…, ‖v′‖…, ones]`` (``ones`` pads it to an even length) and
-    clamped together (``C``), so that ``N[:K] / C[K:]`` (``K = len(N) // 2``) is
-    ``[σ̂ = ‖u′‖/‖v′‖ = ‖W v̂‖ …, ‖tail‖ …]``. Returns ``N, C`` and the new ``û``, ``v̂`` lists."""
+    The norms of all vectors and of the extra ``[B, 1, n]`` tensors ``tails`` are clamped to ≥ 1e-12
+    and concatenated as ``N = [‖u′‖…, ‖tail‖…, ‖v′‖…, ones]`` (``ones`` pads it to an even length,
+    so that ``N[:K] / N[K:]`` with ``K = len(N) // 2`` is ``[σ̂ = ‖u′‖/‖v′‖ = ‖W v̂‖ …, ‖tail‖ …]``).
+    Returns ``N`` and the new ``û``, ``v̂`` lists."""
     vs = [torch.bmm(u, w) for u, w in zip(u_rows, ws)]
     us = [torch.bmm(v, w.transpose(1, 2)) for v, w in zip(vs, ws)]
-    parts = [*us, *tails, *vs]
-    norms = [torch.linalg.vector_norm(x, dim=2, keepdim=True) for x in parts]
+    norms = [torch.linalg.vector_norm(x, dim=2, keepdim=True) for x in (*us, *tails, *vs)]
+    torch._foreach_clamp_min_(norms, _EPS)
+    if us:
+        count, skip = len(us), len(us) + len(tails)
+        torch._foreach_div_(us + vs, norms[:count] + norms[skip:])
     if ones is not None:
         norms.append(ones)
-    full = torch.cat(norms)
-    clamped = full.clamp_min(_EPS)
-    pieces = clamped.split([x.shape[0] for x in norms])
-    count, skip = len(us), len(us) + len(tails)
-    if us:
-        torch._foreach_div_(us + vs, [*pieces[:count], *pieces[skip : skip + count]])
-    return full, clamped, us, vs
+    return torch.cat(norms), us, vs
 
 
 def _power(
@@ -86,13 +83,13 @@ def _power(
         torch.set_num_threads(1)
     try:
         for _ in range(iters - 1):
-            _, _, u_rows, _ = _step(ws, u_rows)
-        full, clamped, us, vs = _step(ws, u_rows, tails, ones)
+            _, u_rows, _ = _step(ws, u_rows)
+        norms, us, vs = _step(ws, u_rows, tails, ones)
     finally:
         if single:
             torch.set_num_threads(threads)
-    half = full.shape[0] // 2
-    return full[:half] / clamped[half:], us, vs
+    half = norms.shape[0] // 2
+    return norms[:half] / norms[half:], us, vs
 
 
 @torch.no_grad()
@@ -152,12 +149,13 @@ class _Plan:
         self.groups, self.bias_modules = groups, bias_modules
         self.sizes = [len(g.modules) for g in groups]
         self.num_weights = sum(self.sizes)
+        self.weight_modules = [m for g in groups for m in g.modules]
         self.u_rows = [g.u.unsqueeze(1) for g in groups]
         self.vectors = self.u_rows + [g.v.unsqueeze(1) for g in groups]
         ref = groups[0].u if groups else bias_modules[0].bias
         kw = {"dtype": ref.dtype, "device": ref.device}
         m, lw, lb = members, self.num_weights * members, len(bias_modules) * members
-        self.bias_views = [b.dim() == 3 and b.shape[:2] == (m, 1) for b in (mod.bias for mod in bias_modules)]
+        self.bias_is_row = [b.dim() == 3 and b.shape[:2] == (m, 1) for b in (mod.bias for mod in bias_modules)]
         self.bias_scale_shapes = [(m,) + (1,) * (mod.bias.dim() - 1) for mod in bias_modules]
         self.ones = torch.ones(lb, 1, 1, **kw) if lb else None
         self.weight_entries = lw
@@ -169,9 +167,10 @@ class _Plan:
 
     def params(self) -> list[Tensor]:
         """Weights in group order, then biases, read from the modules at every call."""
-        return [m.weight for g in self.groups for m in g.modules] + [m.bias for m in self.bias_modules]
+        return [m.weight for m in self.weight_modules] + [m.bias for m in self.bias_modules]
 
     def stacked(self, weights: Sequence[Tensor]) -> list[Tensor]:
+        """Each group's ``[G·M, rows, cols]`` matrices from the weights in group order."""
         out, start = [], 0
         for g, size in zip(self.groups, self.sizes):
             out.append(g.stacked(weights[start : start + size]))
@@ -181,7 +180,7 @@ class _Plan:
     def bias_rows(self, biases: Sequence[Tensor]) -> list[Tensor]:
         """Each bias as ``[M, 1, n]``."""
         m = self.members
-        return [b if ok else b.view(m, 1, -1) for b, ok in zip(biases, self.bias_views)]
+        return [b if row else b.view(m, 1, -1) for b, row in zip(biases, self.bias_is_row)]
 
 
 class _SpectralPenalty(torch.autograd.Function):
