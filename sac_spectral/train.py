@@ -285,7 +285,9 @@ class Trainer:
         save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
 
     def finite(self) -> bool:
-        return state_is_finite(self.state_dict()) and tensor_is_finite(self.agent.metrics())
+        """Networks, optimizer state, α and regularizer state are finite (the replay buffer holds
+        what the envs returned and is not checked)."""
+        return state_is_finite(self.agent.full_state_dict()) and tensor_is_finite(self.agent.metrics())
 
     # ----------------------------------------------------------------------------- evaluation
     def evaluate(self, policy: Callable[[np.ndarray], np.ndarray], evaluation: int | str) -> np.ndarray:
@@ -350,10 +352,7 @@ class Trainer:
             if not np.isfinite(actions).all():
                 return end_nonfinite(self, bar)
             tr = self.pool.step(actions)
-            self.buffer.add(*(
-                torch.as_tensor(x, dtype=torch.float32, device=self.device)
-                for x in (obs, actions, tr.reward, tr.next_obs, tr.terminated)
-            ))
+            self.buffer.add(obs, actions, tr.reward, tr.next_obs, tr.terminated)
             self.step += 1
             logger.episodes(tr.finished, self.step)
             code = self.learn(bar, stop)
