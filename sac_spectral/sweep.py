@@ -37,7 +37,7 @@ from tqdm import tqdm
 import sac_spectral
 from sac_spectral.config import ConfigError, check, help_text, merge_sources, option, read_yaml, section, to_dict, yaml_load
 from sac_spectral.logging import flatten
-from sac_spectral.runs import CHECKPOINT, SUMMARY, GracefulStop, run_cli, write_json
+from sac_spectral.runs import CHECKPOINT, SUMMARY, GracefulStop, parse_cli, run_cli, write_json
 
 SWEEP_FILE, BASE_FILE, STATUS, LOGS, LOCK = "sweep.yaml", "base.yaml", "status.json", "logs", ".sweep.lock"
 RUNNERS = {"train": "sac_spectral.train", "continual": "sac_spectral.continual"}
@@ -658,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: all)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="sweep file overrides, e.g. seeds=[0,1] base.total_steps=1000")
-    args = parser.parse_args(argv)
+    args = parse_cli(parser, argv, ("--config", "--out", "--address", "--num-cpus"))
     sweep = load_sweep(args.config, args.overrides)
     root = _sweep_dir(sweep, args.out)
     if args.dry_run:

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from conftest import SMALL
-from sac_spectral import continual, diagnose, memory, runs, train
+from sac_spectral import continual, diagnose, memory, runs, sweep, train
 from sac_spectral.config import ConfigError, read_yaml
 from sac_spectral.logging import state_is_finite
 from sac_spectral.regularizers import REGISTRY
@@ -543,17 +543,15 @@ def test17_overrides_before_and_after_config_and_resume(rl_run, tmp_path):
     assert T("total_steps=160", "--resume", rl_run) == 0
 
 
-def test17_plasticity_table_takes_overrides_between_options(tmp_path, monkeypatch, capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import plasticity_table
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    out = tmp_path / "table"
-    monkeypatch.setattr(sys, "argv", ["plasticity_table.py", "--methods", "none", "stream.num_tasks=1", "--seeds", "0",
-                                      *CL[2:], "--out", str(out)])
-    assert plasticity_table.main() == 0
-    assert (out / "table.json").exists()
+def test17_sweep_takes_overrides_between_options(tmp_path, capsys):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"kind: continual\nbase: {{config: {ROOT / 'run_configs' / 'continual_default.yaml'}}}\n"
+                   "methods: {none: {}}\nseeds: [0]\n")
+    argv = ["seeds=[0, 1]", "--config", str(cfg), "--dry-run", "base.stream.num_tasks=1", "--out", str(tmp_path / "o")]
+    assert run_cli(sweep.main, argv) == 0
+    out = capsys.readouterr().out
+    assert "none/s0" in out and "none/s1" in out
+    assert not (tmp_path / "o").exists()  # a dry run writes nothing
 
 
 # ----------------------------------------------------------------------------- 18: messages

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {
     "kind": "train",
     "base": {
-        "env": "dmc:cartpole-balance", "random_steps": 100, "total_steps": 300, "eval_every": 0, "eval_episodes": 1,
+        "env": "dmc:cartpole-balance", "random_steps": 100, "total_steps": 600, "eval_every": 0, "eval_episodes": 1,
         "checkpoint_every": 100, "log_every": 100, "buffer_size": 1000, "batch_size": 32, "diagnostics.every": 0,
         "actor.hidden": [32, 32], "critic": {"hidden": [32, 32]},
     },
@@ -78,10 +78,14 @@ def killed_and_rerun(tmp_path_factory, local_ray):
             running = [t for t, e in trials.items() if e["status"] == "running" and (root / t / CHECKPOINT).is_file()]
             if running and any(e["status"] == "done" for e in trials.values()):
                 break
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert proc.poll() is None, proc.stderr.read()
+    # A crash of the machine: the sweep and its running trial die at once (a trial whose sweep
+    # alone dies checkpoints on SIGTERM, and may even finish before its worker notices).
+    os.kill(trials[running[0]]["pid"], signal.SIGKILL)
     proc.kill()
     proc.wait()
+    assert not (root / running[0] / "summary.json").is_file(), "the trial finished before it was killed"
     before = status(root)["trials"]
     done_before = [t for t, e in before.items() if e["status"] == "done"]
     snap = {t: snapshot(root / t) for t in done_before}
@@ -131,7 +135,7 @@ def test_a_trial_equals_the_direct_run_of_its_config(killed_and_rerun, tmp_path)
     assert run_cli(train_main, ["--config", str(root / "base.yaml"), *trial.overrides, f"run_dir={direct}",
                                 "threads=1", "progress=false"]) == 0
     a, b = load_checkpoint(root / tid / CHECKPOINT), load_checkpoint(direct / CHECKPOINT)
-    assert a["step"] == b["step"] == 300 and a["agent"]["num_updates"] == b["agent"]["num_updates"]
+    assert a["step"] == b["step"] == 600 and a["agent"]["num_updates"] == b["agent"]["num_updates"]
     for name, tensor in b["agent"]["modules"].items():
         assert torch.equal(a["agent"]["modules"][name], tensor), name
     assert torch.equal(a["buffer"]["data"]["obs"], b["buffer"]["data"]["obs"])
@@ -156,7 +160,7 @@ def test_report_of_the_sweep(killed_and_rerun, tmp_path):
     out = tmp_path / "report"
     assert run_cli(report.main, [str(killed_and_rerun["root"]), "--reps", "50", "--out", str(out)]) == 0
     data = json.loads((out / "report.json").read_text())
-    assert list(data["methods"]) == ["sac", "spectral"] and data["final_x"] == 300
+    assert list(data["methods"]) == ["sac", "spectral"] and data["final_x"] == 600
     assert all(m["seeds"] == [0, 1] and m["n_tasks"] == 1 for m in data["methods"].values())
     assert any("bad/s0 (failed: error: unknown config key" in n for n in data["notes"])
 
