@@ -525,6 +525,7 @@ class CostModel:
         from sac_spectral.seeding import SeedStreams
 
         updates = math.floor(max(0, cfg.total_steps - cfg.random_steps) * cfg.replay_ratio + 1e-9)
+        updates += cfg.priming.updates  # validated: priming happens within total_steps
         env = make_env(cfg.env, 0, cfg.action_repeat)
         obs_dim, act_dim = int(env.observation_space.shape[0]), int(env.action_space.shape[0])
         torch.set_num_threads(self.threads)

@@ -279,3 +279,18 @@ def test_plasticity_sweep_is_the_readme_table():
     assert s.cfg.kind == "continual" and s.cfg.seeds == [0, 1, 2] and len(s.trials) == 8 * 3
     assert "seed" not in s.base and s.base["stream"]["num_tasks"] == 30
     assert sweep.invalid_trials(s) == {}
+
+
+def test_priming_methods_are_the_run_configs_of_the_same_names():
+    from sac_spectral.config import load_config, merge_sources, to_dict
+    from sac_spectral.train import TrainConfig
+
+    s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), [])
+    assert [t.id for t in s.trials] == ["unprimed/s0-4", "sac/s0-4", "resets/s0-4", "spectral/s0-4"]
+    for trial in s.trials:
+        ours = to_dict(merge_sources(TrainConfig, s.base, [*trial.overrides, "num_seeds=1"]))
+        theirs = to_dict(load_config(TrainConfig, ROOT / f"run_configs/priming_{trial.method.replace('unprimed', 'sac')}.yaml"))
+        if trial.method == "unprimed":
+            assert theirs["priming"]["updates"] > 0
+            theirs["priming"]["updates"] = 0
+        assert ours == theirs, trial.method
