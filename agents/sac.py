@@ -240,7 +240,7 @@ class SAC(nn.Module):
         if deterministic:
             return torch.tanh(mean).squeeze(1)
         noise = self.streams.randn("act", (1, self.act_dim))
-        return tanh_gaussian(mean, log_std, noise)[0].squeeze(1)
+        return torch.tanh(mean + log_std.exp() * noise).squeeze(1)  # tanh_gaussian's sample, no log-density
 
     # ----------------------------------------------------------------------------- losses
     @torch.no_grad()

@@ -34,6 +34,9 @@ from sac_spectral.sweep import STATUS, SWEEP_FILE, TASK_KEYS
 NOT_METHOD = ("run_dir", "seed", "num_seeds", "threads", "progress", "device", "log_every", "checkpoint_every",
               "eval_every", "eval_episodes", "total_steps", "stream.num_tasks", "diagnostics", "diagnostics_every")
 METRICS = ("Median", "IQM", "Mean", "Optimality Gap")
+#: diagnostics compared before and after heavy priming (summary.json "priming"; per seed)
+PRIMING_KEYS = ("grad_rank/critic/erank", "grad_rank/actor/erank", "features/critic/erank", "dormant/critic/fraction",
+                "dormant/actor/fraction")
 PAIR = ";"
 
 
@@ -185,6 +188,33 @@ def load(paths: Sequence[str]) -> Study:
     assert study is not None
     study.missing = notes
     return study
+
+
+def priming_diagnostics(study: Study) -> dict[str, dict[str, list[list[float]]]]:
+    """Per method, the heavy-priming diagnostics of its finished runs: ``{key: [before, after]}``
+    with one value per seed, for :data:`PRIMING_KEYS` and the largest σ_max over each net's layers."""
+    out: dict[str, dict[str, list[list[float]]]] = {}
+    for method in dict.fromkeys(c.method for c in study.curves):
+        for run in dict.fromkeys(c.run for c in study.curves if c.method == method):
+            path = run / SUMMARY
+            priming = json.loads(path.read_text()).get("priming") if path.is_file() else None
+            if not priming or not {"before", "after"} <= set(priming):
+                continue
+            for key in (*PRIMING_KEYS, "sigma_max/critic", "sigma_max/actor"):
+                pair = []
+                for phase in ("before", "after"):
+                    d = priming[phase]
+                    if key.startswith("sigma_max/"):
+                        net = key.split("/")[1]
+                        layers = [np.asarray(v) for k, v in d.items() if k.startswith(f"spectral/{net}/") and k.endswith("/sigma_max")]
+                        pair.append(np.max(layers, axis=0).tolist() if layers else [])
+                    else:
+                        pair.append(list(d.get(key, [])))
+                if all(pair):
+                    entry = out.setdefault(method, {}).setdefault(key, [[], []])
+                    entry[0] += pair[0]
+                    entry[1] += pair[1]
+    return out
 
 
 # --------------------------------------------------------------------------------------- aligning
@@ -485,6 +515,15 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
             cells = ["—" if v is None else f"{v[0]:.3f} ± {v[1]:.3f}" for v in row.values()]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
             data["first_last"][m] = row
+    primed = priming_diagnostics(study)
+    if primed:
+        keys = list(dict.fromkeys(k for d in primed.values() for k in d))
+        lines += ["", "## Heavy priming: diagnostics before → after the priming updates (mean over seeds)", "",
+                  "| method | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        for m, d in primed.items():
+            cells = [f"{np.mean(d[k][0]):.3g} → {np.mean(d[k][1]):.3g}" if k in d else "—" for k in keys]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        data["priming"] = primed
     lines += ["", "## What was cut or missing", ""]
     lines += [f"- {note}" for note in al.notes + study.missing] or ["- nothing"]
     lines += ["", "## Figures", ""]

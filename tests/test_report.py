@@ -195,6 +195,27 @@ def test_loose_runs_are_grouped_by_the_keys_in_which_they_differ(tmp_path):
     np.testing.assert_allclose(report.final_scores(al, "train")[al.methods[1]][:, 0], [0.6, 0.61])
 
 
+def test_priming_diagnostics_per_method_with_the_largest_sigma(tmp_path):
+    """Two primed runs of one method (2 seeds and 1 seed) and an unprimed one: the report pools the
+    primed runs' seeds and takes σ_max as the largest over a net's layers."""
+    def summary(values: dict, phase_scale: float, seeds: int) -> dict:
+        return {k: [v * phase_scale + i for i in range(seeds)] for k, v in values.items()}
+
+    base = {"grad_rank/critic/erank": 100.0, "spectral/critic/layer0/sigma_max": 1.5, "spectral/critic/layer1/sigma_max": 2.0}
+    for name, seeds in (("a", 2), ("b", 1)):
+        make_run(tmp_path / "runs" / name, {"env": "dmc:cheetah-run", "seed": 0, "priming": {"updates": 10}},
+                 [(1000, s, 100.0) for s in range(seeds)])
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(
+            {"priming": {"before": summary(base, 1.0, seeds), "after": summary(base, 0.5, seeds)}}))
+    make_run(tmp_path / "runs" / "c", {"env": "dmc:cheetah-run", "seed": 0, "priming": {"updates": 0}}, [(1000, 0, 1.0)])
+    got = report.priming_diagnostics(report.load([str(tmp_path / "runs")]))
+    assert list(got) == ["priming.updates=10"]
+    d = got["priming.updates=10"]
+    assert d["grad_rank/critic/erank"] == [[100.0, 101.0, 100.0], [50.0, 51.0, 50.0]]
+    assert d["sigma_max/critic"] == [[2.0, 3.0, 2.0], [1.0, 2.0, 1.0]]
+    assert "grad_rank/actor/erank" not in d
+
+
 def test_report_errors_are_one_line(tmp_path, capsys):
     assert run_cli(report.main, [str(tmp_path / "nothing")]) == 2
     assert "is not a directory" in capsys.readouterr().err
