@@ -9,7 +9,6 @@ import os
 import random
 import shutil
 import struct
-import sys
 import zipfile
 from pathlib import Path
 
