@@ -190,30 +190,30 @@ def load(paths: Sequence[str]) -> Study:
     return study
 
 
+def _priming_values(diagnostics: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per-seed values of :data:`PRIMING_KEYS` and of each net's largest σ_max over its layers."""
+    values = {k: list(diagnostics[k]) for k in PRIMING_KEYS if k in diagnostics}
+    for net in ("critic", "actor"):
+        sigmas = [v for k, v in diagnostics.items() if k.startswith(f"spectral/{net}/") and k.endswith("/sigma_max")]
+        if sigmas:
+            values[f"sigma_max/{net}"] = np.max(sigmas, axis=0).tolist()
+    return values
+
+
 def priming_diagnostics(study: Study) -> dict[str, dict[str, list[list[float]]]]:
     """Per method, the heavy-priming diagnostics of its finished runs: ``{key: [before, after]}``
-    with one value per seed, for :data:`PRIMING_KEYS` and the largest σ_max over each net's layers."""
+    with one value per seed (:func:`_priming_values`)."""
     out: dict[str, dict[str, list[list[float]]]] = {}
-    for method in dict.fromkeys(c.method for c in study.curves):
-        for run in dict.fromkeys(c.run for c in study.curves if c.method == method):
-            path = run / SUMMARY
-            priming = json.loads(path.read_text()).get("priming") if path.is_file() else None
-            if not priming or not {"before", "after"} <= set(priming):
-                continue
-            for key in (*PRIMING_KEYS, "sigma_max/critic", "sigma_max/actor"):
-                pair = []
-                for phase in ("before", "after"):
-                    d = priming[phase]
-                    if key.startswith("sigma_max/"):
-                        net = key.split("/")[1]
-                        layers = [np.asarray(v) for k, v in d.items() if k.startswith(f"spectral/{net}/") and k.endswith("/sigma_max")]
-                        pair.append(np.max(layers, axis=0).tolist() if layers else [])
-                    else:
-                        pair.append(list(d.get(key, [])))
-                if all(pair):
-                    entry = out.setdefault(method, {}).setdefault(key, [[], []])
-                    entry[0] += pair[0]
-                    entry[1] += pair[1]
+    for method, run in dict.fromkeys((c.method, c.run) for c in study.curves):
+        path = run / SUMMARY
+        priming = json.loads(path.read_text()).get("priming") if path.is_file() else None
+        if not priming or not {"before", "after"} <= set(priming):
+            continue
+        before, after = _priming_values(priming["before"]), _priming_values(priming["after"])
+        for key in (k for k in before if k in after):
+            entry = out.setdefault(method, {}).setdefault(key, [[], []])
+            entry[0] += before[key]
+            entry[1] += after[key]
     return out
 
 
