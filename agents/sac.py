@@ -18,8 +18,9 @@
   ``L(α) = α·(−log π − H̄)``, ``H̄ = −target_entropy_scale·|A|``. Actor and ``log α`` share one
   fused Adam (separate parameter groups and learning rates; the two losses touch disjoint
   parameters, so this equals two separate steps).
-- ``precision="bf16"`` runs the network forward/backward under bf16 autocast; weights, Adam state,
-  log-probabilities, Q-values, targets and losses stay fp32.
+- ``precision="bf16"`` runs the networks' matmuls in bf16 on bf16 copies of the weights, re-cast
+  once per optimizer step (:mod:`sac_spectral.precision`); weights, Adam state, log-probabilities,
+  Q-values, targets and losses stay fp32.
 
 ``num_seeds`` independent agents train together: the actor has ``N`` members, the critic
 ``N·num_critics``. Losses are summed over seeds (each seed's gradient is its own) and averaged over
@@ -29,6 +30,7 @@ the batch. Regularizers of each network add their penalties to its loss and run 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ from torch import Tensor, nn
 from agents.replay import ReplayBuffer
 from sac_spectral.config import check, option, section
 from sac_spectral.nets import ACTIVATIONS, INITS, BatchedMLP
+from sac_spectral.precision import Bf16Copies, Bf16Switch
 from sac_spectral.regularizers import Regularizer, build_regularizers, validate_specs
 from sac_spectral.reinit import reset_layers
 from sac_spectral.seeding import SeedStreams
@@ -110,8 +113,8 @@ PRECISIONS = ("fp32", "bf16")
 class SACConfig:
     gamma: float = option(0.99, "discount")
     tau: float = option(0.005, "Polyak rate of the target critics (every update)")
-    precision: str = option("fp32", "fp32, or bf16 autocast (fp32 master weights, optimizer state, losses, targets)")
-    compile: bool = option(False, "torch.compile the loss computations (CUDA graphs on GPU)")
+    precision: str = option("fp32", "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, losses, targets)")
+    compile: bool = option(False, "torch.compile the update: losses with their backward, and the optimizer steps (CUDA graphs on GPU)")
     actor: ActorConfig = section(ActorConfig)
     critic: CriticConfig = section(CriticConfig)
     alpha: AlphaConfig = section(AlphaConfig)
@@ -130,11 +133,13 @@ def tanh_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor,
     return torch.tanh(u), log_prob
 
 
-def _optimizer(groups: list[dict[str, Any]], weight_decay: float) -> torch.optim.Optimizer:
-    """Fused Adam, or AdamW (decoupled decay) when ``weight_decay > 0``; groups carry their lr."""
+def _optimizer(groups: list[dict[str, Any]], weight_decay: float, compiled: bool) -> torch.optim.Optimizer:
+    """Adam, or AdamW (decoupled decay) when ``weight_decay > 0``; groups carry their lr. Fused
+    kernels in eager mode; the multi-tensor form when ``compiled`` (torch.compile fuses it)."""
+    kind = {"fused": True} if not compiled else {"foreach": True}
     if weight_decay > 0:
-        return torch.optim.AdamW(groups, weight_decay=weight_decay, fused=True)
-    return torch.optim.Adam(groups, fused=True)
+        return torch.optim.AdamW(groups, weight_decay=weight_decay, **kind)
+    return torch.optim.Adam(groups, **kind)
 
 
 class SAC(nn.Module):
@@ -162,20 +167,30 @@ class SAC(nn.Module):
         actor_groups: list[dict[str, Any]] = [{"params": list(self.actor.parameters()), "lr": cfg.actor.lr}]
         if cfg.alpha.learn:
             actor_groups.append({"params": [self.log_alpha], "lr": cfg.alpha.lr, "weight_decay": 0.0})
-        self.actor_opt = _optimizer(actor_groups, cfg.actor.weight_decay)
-        self.critic_opt = _optimizer([{"params": list(self.critic.parameters()), "lr": cfg.critic.lr}], cfg.critic.weight_decay)
+        self.actor_opt = _optimizer(actor_groups, cfg.actor.weight_decay, cfg.compile)
+        self.critic_opt = _optimizer([{"params": list(self.critic.parameters()), "lr": cfg.critic.lr}], cfg.critic.weight_decay, cfg.compile)
         self.actor_regs, self.critic_regs = self._build_regularizers()
         self.num_updates = 0
         self._members_per_seed = {"actor": 1, "critic": c}
         self._online_params = list(self.critic.parameters())
         self._target_params = list(self.target_critic.parameters())
-        self._autocast = torch.autocast(self.log_alpha.device.type, torch.bfloat16, enabled=cfg.precision == "bf16")
+        self._low_switch: Bf16Switch | contextlib.nullcontext[None] = contextlib.nullcontext()
+        self._low: dict[str, Bf16Copies] = {}
+        if cfg.precision == "bf16":
+            self._low_switch = Bf16Switch()
+            self._low = {
+                "actor": Bf16Copies(self.actor, self._low_switch, trainable=True),
+                "critic": Bf16Copies(self.critic, self._low_switch, trainable=True),
+                "target": Bf16Copies(self.target_critic, self._low_switch, trainable=False),
+            }
         self._critic_loss = self._critic_loss_eager
         self._actor_loss = self._actor_loss_eager
+        self._opt_steps: dict[str, Callable[[], Any]] = {"actor": self.actor_opt.step, "critic": self.critic_opt.step}
         if cfg.compile:
             mode = "reduce-overhead" if self.log_alpha.device.type == "cuda" else None
             self._critic_loss = torch.compile(self._critic_loss_eager, mode=mode, dynamic=False)
             self._actor_loss = torch.compile(self._actor_loss_eager, mode=mode, dynamic=False)
+            self._opt_steps = {net: torch.compile(step) for net, step in self._opt_steps.items()}
 
     # ----------------------------------------------------------------------------- building
     def _build_actor(self) -> BatchedMLP:
@@ -270,14 +285,14 @@ class SAC(nn.Module):
 
     def _critic_loss_eager(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
         """Per-seed critic loss ``Σ_j mean_i ℓ_{n,j,i}`` ``[N]`` and mean Q ``[N]``."""
-        with self._autocast:
+        with self._low_switch:
             losses, q = self.critic_losses(batch, noise)
         return losses.mean(dim=-1).sum(dim=1), q.detach().mean(dim=(1, 2))
 
     def _actor_loss_eager(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Per-seed actor loss ``mean_i ℓ_{n,i}``, temperature loss ``α(H − H̄)`` and entropy estimate
         ``H = −mean_i log π``, each ``[N]``."""
-        with self._autocast:
+        with self._low_switch:
             losses, logp = self.actor_losses(obs, noise)
         entropy = -logp.detach().mean(dim=-1)
         return losses.mean(dim=-1), self.log_alpha.exp() * (entropy - self.target_entropy), entropy
@@ -288,12 +303,14 @@ class SAC(nn.Module):
         host sync). ``batch`` tensors are ``[N, B, ...]``, ``noise`` is ``[2, N, B, A]``
         (next-state actions, current-state actions)."""
         critic_loss, q_mean = self._critic_loss(batch, noise[0])
-        self._step(self.critic_opt, critic_loss.sum(), self.critic_regs, lambda: self.critic_inputs(batch["obs"], batch["action"]))
+        self._step("critic", critic_loss.sum(), lambda: self.critic_inputs(batch["obs"], batch["action"]))
         torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
+        if self._low:
+            self._low["target"].refresh()
 
         actor_loss, alpha_loss, entropy = self._actor_loss(batch["obs"], noise[1])
         loss = actor_loss.sum() + alpha_loss.sum() if self.cfg.alpha.learn else actor_loss.sum()
-        self._step(self.actor_opt, loss, self.actor_regs, lambda: batch["obs"])
+        self._step("actor", loss, lambda: batch["obs"])
 
         self.num_updates += 1
         return {
@@ -304,20 +321,23 @@ class SAC(nn.Module):
             "entropy": entropy,
         }
 
-    def _step(
-        self, opt: torch.optim.Optimizer, loss: Tensor, regs: list[Regularizer], probe: Callable[[], Tensor]
-    ) -> None:
-        """Add the penalties, step the optimizer, then run the interventions (which may read
-        ``probe()``, the network's inputs of this update)."""
+    def _step(self, net: Literal["actor", "critic"], loss: Tensor, probe: Callable[[], Tensor]) -> None:
+        """Add the penalties of ``net``'s regularizers, step its optimizer, then run the
+        interventions (which may read ``probe()``, the network's inputs of this update)."""
+        opt, regs = (self.actor_opt, self.actor_regs) if net == "actor" else (self.critic_opt, self.critic_regs)
         for reg in regs:
             if reg.has_penalty:
                 loss = loss + reg.penalty()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        if self._low:
+            self._low[net].collect_grads()
+        self._opt_steps[net]()
         for reg in regs:
             reg.set_probe(probe)
             reg.after_step(self.num_updates + 1)
+        if self._low:
+            self._low[net].refresh()
 
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int) -> dict[str, Tensor]:
         """``count`` updates on fresh uniform batches; indices and noise for all of them are drawn
@@ -349,6 +369,12 @@ class SAC(nn.Module):
             self.log_alpha.fill_(math.log(self.cfg.alpha.init))
             self.actor_opt.state.pop(self.log_alpha, None)
             self.actor_regs, self.critic_regs = self._build_regularizers()
+        self._refresh_low()
+
+    def _refresh_low(self) -> None:
+        """Re-cast the bf16 copies (``precision=bf16``) after the weights were written."""
+        for copies in self._low.values():
+            copies.refresh()
 
     # ----------------------------------------------------------------------------- state & metrics
     def metrics(self) -> dict[str, Tensor]:
@@ -390,3 +416,4 @@ class SAC(nn.Module):
         for reg, s in zip(self.critic_regs, state["critic_regs"], strict=True):
             reg.load_state_dict(s)
         self.num_updates = int(state["num_updates"])
+        self._refresh_low()

@@ -2,9 +2,12 @@
 
     python -m benchmarks.precision_compile [--threads 2] [--device cpu] [--repeats 7]
 
-Variants: fp32 eager, bf16 autocast, torch.compile, bf16 + compile (CUDA graphs on GPU). bf16 pays
-off on CPUs with AVX512-BF16/AMX and on GPUs; compile warm-up time is reported separately.
-Prints ms/update and the speed-up over fp32 eager (medians of interleaved repeats).
+Variants: fp32 eager, ``precision=bf16`` (bf16 weight copies re-cast once per optimizer step),
+torch.compile, bf16 + compile (CUDA graphs on GPU), and ``bf16-autocast``: the fp32 agent with its
+losses run under ``torch.autocast`` (how ``precision=bf16`` worked before issue 11; it casts each
+weight at every use). bf16 pays off on CPUs with AVX512-BF16/AMX and on GPUs; compile warm-up time
+is reported separately. Prints ms/update and the speed-up over fp32 eager (medians of interleaved
+repeats).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import argparse
 import time
 
 import torch
+from torch import Tensor
 
+from agents import SAC
 from benchmarks.common import build, interleaved_medians, sac_config, time_updates
 
 VARIANTS = {
@@ -21,7 +26,24 @@ VARIANTS = {
     "bf16": {"precision": "bf16"},
     "fp32+compile": {"compile": True},
     "bf16+compile": {"precision": "bf16", "compile": True},
+    "bf16-autocast": {},
 }
+
+
+def autocast_losses(agent: SAC) -> None:
+    """Run ``agent``'s (fp32) loss functions under bf16 autocast."""
+    device = agent.log_alpha.device.type
+    critic, actor = agent._critic_loss, agent._actor_loss
+
+    def critic_loss(*args: Tensor) -> tuple[Tensor, ...]:
+        with torch.autocast(device, torch.bfloat16):
+            return critic(*args)
+
+    def actor_loss(*args: Tensor) -> tuple[Tensor, ...]:
+        with torch.autocast(device, torch.bfloat16):
+            return actor(*args)
+
+    agent._critic_loss, agent._actor_loss = critic_loss, actor_loss
 
 
 def main() -> None:
@@ -37,6 +59,8 @@ def main() -> None:
     agents, warmup = {}, {}
     for name in args.variants:
         agent, buf = build(sac_config(**VARIANTS[name]), device=args.device)
+        if name == "bf16-autocast":
+            autocast_losses(agent)
         t = time.perf_counter()
         time_updates(agent, buf, args.batch, args.updates, calls=2)
         warmup[name] = time.perf_counter() - t

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,11 @@ class BatchedLinear(nn.Module):
     are exactly an ``nn.Linear``'s parameters. ``init="orthogonal"``: each member's matrix is
     orthogonal with ``gain`` (jaxrl/rl_with_resets lineage) and biases are zero.
     ``init="torch"``: weight and bias uniform in ``±1/sqrt(in)``, exactly as ``nn.Linear``'s default.
+    ``low``: bf16 copies ``(weight, bias, switch)`` from :mod:`sac_spectral.precision`, used (with the
+    input cast to bf16) while ``switch.on``.
     """
+
+    low: tuple[Tensor, Tensor | None, Any] | None = None
 
     def __init__(
         self,
@@ -110,9 +115,19 @@ class BatchedLinear(nn.Module):
 
     def forward(self, x: Tensor, detach: bool = False) -> Tensor:
         w, b = self.weight, self.bias
+        low = self.low is not None and self.low[2].on
+        if low:
+            w, b, _ = self.low
+            x = x.to(w.dtype)
         if detach:
             w = w.detach()
             b = b.detach() if b is not None else None
+        if low:
+            # computed as (W xᵀ)ᵀ: the weight's gradient then comes out in its own layout (no copy
+            # when it is accumulated), and the features between layers are [M, out, B] in memory
+            if b is None:
+                return torch.bmm(w, x.transpose(1, 2)).transpose(1, 2)
+            return torch.baddbmm(b.unsqueeze(2), w, x.transpose(1, 2)).transpose(1, 2)
         if b is None:
             return torch.bmm(x, w.transpose(1, 2))
         return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))

@@ -185,7 +185,7 @@ def _train_copy(cfg, updates=3):
     return agent, info
 
 
-def test_bf16_autocast_keeps_fp32_state_and_tracks_fp32_losses():
+def test_bf16_keeps_fp32_state_and_tracks_fp32_losses():
     ref, ref_info = _train_copy(small_cfg())
     bf, bf_info = _train_copy(small_cfg(precision="bf16"))
     assert all(p.dtype == torch.float32 for p in bf.parameters())
@@ -194,6 +194,49 @@ def test_bf16_autocast_keeps_fp32_state_and_tracks_fp32_losses():
         torch.testing.assert_close(bf_info[key], ref_info[key], rtol=3e-2, atol=3e-2)
     for p, q in zip(bf.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=5e-3)
+
+
+def _linear_pairs(agent):
+    nets = (agent.actor, agent.critic, agent.target_critic)
+    return [(p, q) for net in nets for m in net.modules() if getattr(m, "low", None) is not None for p, q in zip((m.weight, m.bias), m.low[:2])]
+
+
+def test_bf16_copies_follow_the_masters_after_updates_resets_and_loading():
+    agent, _ = _train_copy(small_cfg(precision="bf16"))
+    pairs = _linear_pairs(agent)
+    assert len(pairs) == 2 * (4 + 3 + 3)
+    for master, low in pairs:
+        assert low.dtype == torch.bfloat16
+        assert torch.equal(low, master.detach().to(torch.bfloat16))
+    agent.reset("last_layers")
+    assert all(torch.equal(low, master.detach().to(torch.bfloat16)) for master, low in _linear_pairs(agent))
+    fresh = make_agent(cfg=small_cfg(precision="bf16"))
+    fresh.load_full_state_dict(agent.full_state_dict())
+    assert all(torch.equal(low, master.detach().to(torch.bfloat16)) for master, low in _linear_pairs(fresh))
+
+
+def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
+    """The copies' gradients reach the fp32 masters as bf16 autocast's would (same bf16 matmuls,
+    then fp32), penalties add theirs, and outside the update the networks run in fp32."""
+    cfg = small_cfg(precision="bf16")
+    cfg.critic.regularizers = [{"name": "l2", "coef": 1e-2}]
+    agent = make_agent(cfg=cfg)
+    ref = copy.deepcopy(agent)
+    g = torch.Generator().manual_seed(3)
+    batch, noise = random_batch(b=32, gen=g), torch.randn(1, 32, 2, generator=g)
+    loss, _ = agent._critic_loss(batch, noise)
+    (loss.sum() + agent.critic_regs[0].penalty()).backward()
+    agent._low["critic"].collect_grads()
+    with torch.autocast("cpu", torch.bfloat16):
+        ref_losses, _ = ref.critic_losses(batch, noise)
+    (ref_losses.mean(dim=-1).sum() + ref.critic_regs[0].penalty()).backward()
+    for p, q in zip(agent.critic.parameters(), ref.critic.parameters()):
+        assert p.grad.dtype == torch.float32
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-3)
+    obs = torch.randn(1, 5, generator=g)
+    expected = torch.tanh(agent.actor(obs.unsqueeze(1))[0]).squeeze(1)
+    assert expected.dtype == torch.float32
+    torch.testing.assert_close(agent.act(obs, deterministic=True), expected, rtol=0, atol=0)
 
 
 def test_compiled_update_matches_eager():

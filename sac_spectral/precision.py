@@ -1,0 +1,69 @@
+"""bf16 working copies of member-batched networks (``precision=bf16``).
+
+Mixed precision as under autocast (bf16 matmuls; fp32 master weights, optimizer state, losses and
+targets), with the weight casts paid once per optimizer step instead of at every use: each
+:class:`~sac_spectral.nets.BatchedLinear` gets a bf16 copy of its weight and bias, which its
+forward uses while the shared :class:`Bf16Switch` is on. Gradients land on the copies in bf16, as
+autocast's matmul backward produces them, and :meth:`Bf16Copies.collect_grads` adds them to the
+masters' fp32 gradients (where a regularizer's penalty has put its own) before the optimizer
+step; :meth:`Bf16Copies.refresh` re-casts the copies after anything writes the masters (the
+optimizer step and interventions, Polyak updates, resets, loading a checkpoint).
+
+Outside the switch (acting, evaluation, diagnostics) the networks run on their fp32 masters.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import torch
+from torch import Tensor, nn
+
+from sac_spectral.nets import BatchedLinear
+
+
+class Bf16Switch:
+    """Context manager: the networks' bf16 copies are used inside it."""
+
+    on = False
+
+    def __enter__(self) -> Bf16Switch:
+        self.on = True
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.on = False
+
+
+class Bf16Copies:
+    """bf16 copies of every :class:`BatchedLinear` parameter of ``net``, switched by ``switch``;
+    ``trainable`` copies collect gradients, the others (target networks) only follow the masters."""
+
+    def __init__(self, net: nn.Module, switch: Bf16Switch, trainable: bool) -> None:
+        self.masters: list[Tensor] = []
+        self.copies: list[Tensor] = []
+        for layer in net.modules():
+            if not isinstance(layer, BatchedLinear):
+                continue
+            pair = [p.detach().to(torch.bfloat16).requires_grad_(trainable) if p is not None else None for p in (layer.weight, layer.bias)]
+            layer.low = (pair[0], pair[1], switch)
+            for master, copy in zip((layer.weight, layer.bias), pair):
+                if master is not None and copy is not None:
+                    self.masters.append(master)
+                    self.copies.append(copy)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Re-cast the copies from the fp32 masters."""
+        torch._foreach_copy_(self.copies, self.masters)
+
+    def collect_grads(self) -> None:
+        """Add the copies' gradients to the masters' (fp32) and clear them."""
+        for master, copy in zip(self.masters, self.copies):
+            if copy.grad is None:
+                continue
+            if master.grad is None:
+                master.grad = copy.grad.float()
+            else:
+                master.grad.add_(copy.grad)
+            copy.grad = None
