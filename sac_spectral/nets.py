@@ -115,19 +115,12 @@ class BatchedLinear(nn.Module):
 
     def forward(self, x: Tensor, detach: bool = False) -> Tensor:
         w, b = self.weight, self.bias
-        low = self.low is not None and self.low[2].on
-        if low:
+        if self.low is not None and self.low[2].on:
             w, b, _ = self.low
             x = x.to(w.dtype)
         if detach:
             w = w.detach()
             b = b.detach() if b is not None else None
-        if low:
-            # computed as (W xᵀ)ᵀ: the weight's gradient then comes out in its own layout (no copy
-            # when it is accumulated), and the features between layers are [M, out, B] in memory
-            if b is None:
-                return torch.bmm(w, x.transpose(1, 2)).transpose(1, 2)
-            return torch.baddbmm(b.unsqueeze(2), w, x.transpose(1, 2)).transpose(1, 2)
         if b is None:
             return torch.bmm(x, w.transpose(1, 2))
         return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
