@@ -136,7 +136,7 @@ def tanh_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor,
 def _optimizer(groups: list[dict[str, Any]], weight_decay: float, compiled: bool) -> torch.optim.Optimizer:
     """Adam, or AdamW (decoupled decay) when ``weight_decay > 0``; groups carry their lr. Fused
     kernels in eager mode; the multi-tensor form when ``compiled`` (torch.compile fuses it)."""
-    kind = {"fused": True} if not compiled else {"foreach": True}
+    kind = {"foreach": True} if compiled else {"fused": True}
     if weight_decay > 0:
         return torch.optim.AdamW(groups, weight_decay=weight_decay, **kind)
     return torch.optim.Adam(groups, **kind)

@@ -45,12 +45,11 @@ class Bf16Copies:
         for layer in net.modules():
             if not isinstance(layer, BatchedLinear):
                 continue
-            pair = [p.detach().to(torch.bfloat16).requires_grad_(trainable) if p is not None else None for p in (layer.weight, layer.bias)]
-            layer.low = (pair[0], pair[1], switch)
-            for master, copy in zip((layer.weight, layer.bias), pair):
-                if master is not None and copy is not None:
-                    self.masters.append(master)
-                    self.copies.append(copy)
+            masters = [p for p in (layer.weight, layer.bias) if p is not None]
+            copies = [p.detach().to(torch.bfloat16).requires_grad_(trainable) for p in masters]
+            layer.low = (copies[0], copies[1] if len(copies) > 1 else None, switch)
+            self.masters += masters
+            self.copies += copies
 
     @torch.no_grad()
     def refresh(self) -> None:
