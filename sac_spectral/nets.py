@@ -66,7 +66,13 @@ class BatchedLinear(nn.Module):
     orthogonal with ``gain`` (jaxrl/rl_with_resets lineage) and biases are zero.
     ``init="torch"``: weight and bias uniform in ``±1/sqrt(in)``, exactly as ``nn.Linear``'s default.
     ``low``: bf16 copies ``(weight, bias, switch)`` from :mod:`sac_spectral.precision`, used (with the
-    input cast to bf16) while ``switch.on``.
+    input cast to bf16) while ``switch.on``; an input of another dtype than the weight is cast to it.
+
+    The product is formed feature-major, ``y[m] = (weight[m] · x[m]ᵀ + bias[m])ᵀ``, and returned as
+    a transposed view (``[M, B, out]`` with the batch as the fastest axis): the weight gradient
+    ``g[m]ᵀ · x[m]`` then comes out in the weight's own layout, where ``x · weightᵀ`` gives it
+    transposed and autograd copies it into place (about 6 % of a plain SAC update on 2 threads).
+    Elementwise ops keep the layout, and the next layer reads it without a copy.
     """
 
     low: tuple[Tensor, Tensor | None, Any] | None = None
@@ -117,13 +123,17 @@ class BatchedLinear(nn.Module):
         w, b = self.weight, self.bias
         if self.low is not None and self.low[2].on:
             w, b, _ = self.low
+        if x.dtype != w.dtype:
             x = x.to(w.dtype)
         if detach:
             w = w.detach()
             b = b.detach() if b is not None else None
+        if torch.compiler.is_compiling():  # inductor lays out and fuses the row-major form better
+            return torch.bmm(x, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        xt = x.transpose(1, 2)
         if b is None:
-            return torch.bmm(x, w.transpose(1, 2))
-        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+            return torch.bmm(w, xt).transpose(1, 2)
+        return torch.baddbmm(b.unsqueeze(2), w, xt).transpose(1, 2)
 
     def extra_repr(self) -> str:
         return f"members={self.members}, in={self.in_features}, out={self.out_features}, init={self.init}"

@@ -18,6 +18,23 @@ def test_batched_linear_equals_per_member_linear():
         torch.testing.assert_close(y[m], ref)
 
 
+def test_weight_gradients_arrive_in_the_weights_layout():
+    """The feature-major product hands autograd each weight gradient contiguous, as the weight is,
+    so no layout copy is made before it is accumulated (x·Wᵀ would deliver it transposed)."""
+    torch.manual_seed(1)
+    net = BatchedMLP(2, 5, [8, 8], 3, init="torch")
+    seen = []
+    for p in net.parameters():
+        p.register_hook(lambda g: seen.append(g.is_contiguous()))
+    out = net(torch.randn(2, 7, 5))
+    out.square().sum().backward()
+    assert len(seen) == len(list(net.parameters())) and all(seen)
+    for m in range(2):  # and the product is still x·Wᵀ + b
+        h = torch.randn(7, 5)
+        ref = nn.functional.linear(h, net.layers[0].weight[m], net.layers[0].bias[m])
+        torch.testing.assert_close(net.layers[0](h.expand(2, 7, 5))[m], ref)
+
+
 def test_a_member_is_laid_out_like_nn_linear():
     layer = BatchedLinear(2, 5, 3, init="torch")
     plain = nn.Linear(5, 3)
