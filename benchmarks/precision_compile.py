@@ -16,8 +16,6 @@ import argparse
 import time
 
 import torch
-from torch import Tensor
-
 from agents import SAC
 from benchmarks.common import build, interleaved_medians, sac_config, time_updates
 
@@ -32,18 +30,8 @@ VARIANTS = {
 
 def autocast_losses(agent: SAC) -> None:
     """Run ``agent``'s (fp32) loss functions under bf16 autocast."""
-    device = agent.log_alpha.device.type
-    critic, actor = agent._critic_loss, agent._actor_loss
-
-    def critic_loss(*args: Tensor) -> tuple[Tensor, ...]:
-        with torch.autocast(device, torch.bfloat16):
-            return critic(*args)
-
-    def actor_loss(*args: Tensor) -> tuple[Tensor, ...]:
-        with torch.autocast(device, torch.bfloat16):
-            return actor(*args)
-
-    agent._critic_loss, agent._actor_loss = critic_loss, actor_loss
+    autocast = torch.autocast(agent.log_alpha.device.type, torch.bfloat16)
+    agent._critic_loss, agent._actor_loss = autocast(agent._critic_loss), autocast(agent._actor_loss)
 
 
 def main() -> None:

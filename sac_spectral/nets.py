@@ -58,6 +58,11 @@ class Activation(nn.Module):
         return self.name
 
 
+def _product(a: Tensor, c: Tensor, bias: Tensor | None) -> Tensor:
+    """``a @ c`` per batch entry, plus the broadcast ``bias`` when given."""
+    return torch.bmm(a, c) if bias is None else torch.baddbmm(bias, a, c)
+
+
 class BatchedLinear(nn.Module):
     """``y[m] = x[m] @ weight[m]ᵀ + bias[m]`` for ``M`` independent members.
 
@@ -130,11 +135,8 @@ class BatchedLinear(nn.Module):
             w = w.detach()
             b = b.detach() if b is not None else None
         if torch.compiler.is_compiling():  # inductor lays out and fuses the row-major form better
-            return torch.bmm(x, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
-        xt = x.transpose(1, 2)
-        if b is None:
-            return torch.bmm(w, xt).transpose(1, 2)
-        return torch.baddbmm(b.unsqueeze(2), w, xt).transpose(1, 2)
+            return _product(x, w.transpose(1, 2), None if b is None else b.unsqueeze(1))
+        return _product(w, x.transpose(1, 2), None if b is None else b.unsqueeze(2)).transpose(1, 2)
 
     def extra_repr(self) -> str:
         return f"members={self.members}, in={self.in_features}, out={self.out_features}, init={self.init}"
