@@ -12,6 +12,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
 DEVICE="${1:-cuda}"
+if [[ ! "$DEVICE" =~ ^(cpu|cuda(:[0-9]+)?)$ ]]; then
+  echo "gpu_check: device '$DEVICE' is not one of cpu, cuda, cuda:<i>" >&2
+  exit 2
+fi
 REPEATS=5
 if [ "$DEVICE" = cpu ]; then REPEATS=1; fi
 if ! python -c "import benchmarks.common" 2>/dev/null; then
