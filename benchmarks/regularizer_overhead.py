@@ -9,6 +9,12 @@ Interventions that act every ``every`` updates (``redo``, ``reset``, ``shrink_pe
 the cost of one firing on both networks in units of a plain update; their amortized ratio at
 interval N is ``ratio + firing/N``. ``added ms`` is the median of the paired differences per update
 (a ratio also moves when the plain update gets faster). Target: ``spectral`` (max mode) ≤ 1.05.
+
+Two probe rows split that cost: ``spectral (max), forward only`` computes the penalty (power step
+included) without letting autograd see it, and ``autograd floor`` adds a penalty of value 0 whose
+backward returns zero gradients for every parameter: the least any penalty that autograd
+differentiates pays (one more node per loss, a full-size gradient per parameter and its sum with
+the loss's gradient), however cheap its own formula.
 """
 
 from __future__ import annotations
@@ -18,12 +24,15 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents import SAC, SACConfig  # noqa: E402
+from sac_spectral.regularizers import Regularizer  # noqa: E402
 from benchmarks.update_speed import build, time_updates  # noqa: E402
 
 #: name → (regularizer entry, optimizer options); interventions fire only when timed separately
@@ -41,6 +50,53 @@ METHODS: dict[str, tuple[dict | None, dict]] = {
     "weight_decay (AdamW)": (None, {"weight_decay": 1e-4}),
 }
 FIRING = {"redo": 1000, "reset": 1000}
+
+
+class _ZeroGradients(torch.autograd.Function):
+    """Value 0; backward returns a new zero gradient for every parameter."""
+
+    @staticmethod
+    def forward(ctx: Any, *params: Tensor) -> Tensor:
+        ctx.save_for_backward(*params)
+        return params[0].new_zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, ...]:
+        return tuple(torch.zeros_like(p) for p in ctx.saved_tensors)
+
+
+class _AutogradFloor(Regularizer):
+    name = "autograd_floor"
+
+    def penalty(self) -> Tensor:
+        return _ZeroGradients.apply(*self.module.parameters())
+
+
+class _ForwardOnly(Regularizer):
+    """Another regularizer's penalty, computed with autograd off (no backward, no gradient)."""
+
+    def __init__(self, inner: Regularizer) -> None:
+        super().__init__(inner.module)
+        self.inner = inner
+
+    def penalty(self) -> Tensor:
+        with torch.no_grad():
+            return self.inner.penalty()
+
+
+def probe_agent(hidden: int, label: str) -> SAC:
+    """A plain agent with a probe regularizer on actor and critic (see the module docstring)."""
+    if label == "autograd floor":
+        agent, _ = build(config(hidden, None, {}))
+        agent.actor_regs, agent.critic_regs = [_AutogradFloor(agent.actor)], [_AutogradFloor(agent.critic)]
+    else:
+        agent, _ = build(config(hidden, METHODS["spectral (max)"][0], {}))
+        agent.actor_regs = [_ForwardOnly(r) for r in agent.actor_regs]
+        agent.critic_regs = [_ForwardOnly(r) for r in agent.critic_regs]
+    return agent
+
+
+PROBES = ("spectral (max), forward only", "autograd floor")
 
 
 def config(hidden: int, entry: dict | None, opt: dict) -> SACConfig:
@@ -81,10 +137,11 @@ def main() -> None:
     print(f"threads={args.threads} batch={args.batch} hidden=2x{args.hidden} fp32; method on actor and critic; "
           f"medians of {args.repeats} interleaved repeats of {args.updates} updates")
     print(f"{'method':28s} {'with/without':>12s} {'added ms':>9s}  {'one firing (plain updates)':>26s}")
-    for label, (entry, opt) in METHODS.items():
+    for label in [*METHODS, *PROBES]:
         if args.only and label not in args.only:
             continue
-        agent, _ = build(config(args.hidden, entry, opt))
+        entry, opt = METHODS.get(label, (None, {}))
+        agent = probe_agent(args.hidden, label) if label in PROBES else build(config(args.hidden, entry, opt))[0]
         time_updates(agent, buf, args.batch, 8)
         base, with_ = [], []
         for _ in range(args.repeats):
