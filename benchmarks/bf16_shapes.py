@@ -15,11 +15,12 @@ the fused bias (``bmm``), which shows what the bias costs in each precision.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
+
+from benchmarks.common import interleaved_medians
 
 SHAPES = ((17, 256), (23, 256), (256, 256), (256, 6), (256, 12), (256, 1))
 
@@ -61,18 +62,17 @@ def main() -> None:
     print(f"{'M':>3s} {'in':>4s} {'out':>4s}  " + "  ".join(f"{n:>24s}" for n in names))
     for members in args.members:
         for fan_in, fan_out in SHAPES:
-            fns = {dt: products(members, fan_in, fan_out, args.batch, dt) for dt in (torch.float32, torch.bfloat16)}
-            for dt in fns:
-                for fn in fns[dt].values():
-                    per_call_us(fn, 10)
-            samples: dict[tuple[torch.dtype, str], list[float]] = {(dt, n): [] for dt in fns for n in names}
-            for _ in range(args.repeats):
-                for dt in fns:
-                    for n, fn in fns[dt].items():
-                        samples[dt, n].append(per_call_us(fn))
+            timed = {
+                (dt, n): (lambda fn=fn: per_call_us(fn))
+                for dt in (torch.float32, torch.bfloat16)
+                for n, fn in products(members, fan_in, fan_out, args.batch, dt).items()
+            }
+            for run in timed.values():
+                run()
+            medians = interleaved_medians(timed, args.repeats)
             cells = []
             for n in names:
-                fp, bf = (statistics.median(samples[dt, n]) for dt in (torch.float32, torch.bfloat16))
+                fp, bf = medians[torch.float32, n], medians[torch.bfloat16, n]
                 cells.append(f"{fp:7.1f} / {bf:6.1f} ({fp / bf:4.2f}x)")
             print(f"{members:3d} {fan_in:4d} {fan_out:4d}  " + "  ".join(f"{c:>24s}" for c in cells), flush=True)
 
