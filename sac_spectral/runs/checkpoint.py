@@ -1,0 +1,149 @@
+"""Checkpoints and other run files, written atomically (a temporary file renamed over the old one,
+fsynced) and read back safely (``weights_only``, the zip archive verified first). The one module
+that both writes and reads the checkpoint file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from sac_spectral.core.config import (
+    ConfigError,
+    one_line,
+)
+
+#: errno values that mean the disk (or a file-size or quota limit) is full
+NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: unreadable, corrupted, unsafe, or made by another config."""
+
+
+class _RecordingWriter:
+    """A binary file that remembers the OSError of a failed write: ``torch.save`` turns it into an
+    uninformative ``RuntimeError`` (``unexpected pos …``)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
+    """Write to a temporary file in ``path``'s directory, fsync, rename over ``path``. On failure
+    the temporary file is removed, ``path`` is untouched, and an OSError names ``path``."""
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.chmod(tmp, 0o644)
+        with os.fdopen(fd, mode) as f:
+            sink = _RecordingWriter(f) if "b" in mode else f
+            try:
+                write(sink)
+            except RuntimeError:
+                if isinstance(sink, _RecordingWriter) and sink.error is not None:
+                    raise sink.error from None
+                raise
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """``torch.save`` to a temporary file in the same directory, then an atomic rename."""
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+_UNSAFE = re.compile(r"(Unsupported global: GLOBAL [\w.]+|unsupported GLOBAL [\w.]+|Unsupported operand \d+)")
+
+
+def _torch_load(path: Path, mmap: bool) -> Any:
+    """``torch.load(weights_only=True)`` with every failure as one line that names ``path``."""
+    unchanged = "nothing was changed"
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a directory, not a file; {unchanged}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        found = _UNSAFE.search(str(err))
+        detail = f" ({found.group(1)})" if found else ""
+        raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain containers{detail}; "
+                              f"refused, since loading it could run code; {unchanged}") from None
+    except OSError as err:
+        if err.errno in (errno.EACCES, errno.EPERM, errno.ENOENT):
+            raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror or err}; {unchanged}") from None
+        raise CheckpointError(f"checkpoint {path} is not a readable PyTorch checkpoint, truncated or corrupted "
+                              f"({err.strerror or err}); {unchanged}") from None
+    except Exception as err:  # noqa: BLE001 - an untrusted file may fail in any way; say which file
+        raise CheckpointError(f"checkpoint {path} is not a readable PyTorch checkpoint, truncated or corrupted "
+                              f"({type(err).__name__}: {one_line(err, 120)}); {unchanged}") from None
+
+
+def verify_archive(path: Path) -> None:
+    """Check that ``path`` is a complete zip archive whose every record matches its CRC-32
+    (``torch.load`` does not check them, so flipped bits would load silently)."""
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a directory, not a file; nothing was changed")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror or err}; nothing was changed") from None
+    except Exception as err:  # noqa: BLE001 - zipfile raises many kinds of errors on damaged archives
+        raise CheckpointError(f"checkpoint {path} is not a readable PyTorch checkpoint, truncated or corrupted "
+                              f"({type(err).__name__}: {one_line(err, 120)}); nothing was changed") from None
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {path} is corrupted: record '{bad}' fails its checksum; nothing was changed")
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (tensors and plain containers only) after
+    checking its checksums; a file that cannot be used raises a one-line :class:`CheckpointError`."""
+    verify_archive(path)
+    state = _torch_load(path, mmap=False)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a run's state; nothing was changed")
+    return state
+
+
+def checkpoint_config(path: Path) -> dict[str, Any] | None:
+    """The config recorded in a checkpoint (``None`` for checkpoints that predate the record),
+    read without loading its tensors (memory-mapped)."""
+    state = _torch_load(path, mmap=True)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a run's state; nothing was changed")
+    saved = state.get("config")
+    return saved if isinstance(saved, dict) else None
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write(path, lambda f: f.write(json.dumps(data, indent=2, default=float) + "\n"), mode="w")
