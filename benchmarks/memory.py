@@ -21,7 +21,7 @@ from agents import SAC, ReplayBuffer
 from benchmarks.common import ACT, OBS, sac_config
 from sac_spectral.core.config import merge_sources
 from sac_spectral.core.seeding import SeedStreams
-from sac_spectral.runs.run import GracefulStop
+from sac_spectral.runs.run import GracefulStop, Run
 from sac_spectral.train import TrainConfig, Trainer
 
 
@@ -50,15 +50,15 @@ def main() -> None:
         trainer = Trainer(cfg)
         trainer.open_new()
         samples = []
-        original = trainer._log_training
+        original = trainer._log
 
-        def log_and_sample(interval: dict[str, float]) -> dict[str, float]:
+        def log_and_sample() -> None:
             samples.append((trainer.step, rss_mib()))
-            return original(interval)
+            original()
 
-        trainer._log_training = log_and_sample  # type: ignore[method-assign]
+        trainer._log = log_and_sample  # type: ignore[method-assign]
         with GracefulStop() as stop:
-            trainer.train(stop)
+            Run("sac_spectral.train", trainer, stop).execute()
     print("env step → RSS (MiB): " + ", ".join(f"{s}: {r:.0f}" for s, r in samples))
     (s0, r0), (s1, r1) = samples[len(samples) // 2], samples[-1]
     print(f"RSS growth over the second half ({s0} → {s1} steps): {r1 - r0:+.1f} MiB "

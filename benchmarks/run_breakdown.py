@@ -32,20 +32,21 @@ import sac_spectral  # noqa: E402,F401  (before torch: OpenMP settings, as the C
 from agents import SAC  # noqa: E402
 from envs import EnvPool  # noqa: E402
 from sac_spectral import train  # noqa: E402
+from sac_spectral.runs.run import Run  # noqa: E402
 
 _IMPORTS = time.perf_counter() - _T0
 
 #: row → (class, method) of a timer; each row gets the time of its calls minus that of the timed
-#: calls inside them (an evaluation inside ``periodic`` counts as an evaluation)
+#: calls inside them (an evaluation inside ``Run.after`` counts as an evaluation)
 TIMED: dict[str, tuple[type, str]] = {
     "start-up: envs, agent, buffer": (train.Trainer, "__init__"),
     "updates (SAC.update)": (SAC, "update"),
     "train_steps around the updates": (SAC, "train_steps"),
     "acting (Trainer._act)": (train.Trainer, "_act"),
     "env steps (EnvPool.step)": (EnvPool, "step"),
-    "diagnostics": (train.Trainer, "_diagnose"),
-    "evaluations": (train.Trainer, "evaluate"),
-    "logging, checkpoints (periodic)": (train.Trainer, "periodic"),
+    "diagnostics": (train.Trainer, "diagnose"),
+    "evaluations": (train.Trainer, "_evaluate"),
+    "logging, checkpoints (periodic)": (Run, "after"),
 }
 
 

@@ -23,7 +23,6 @@ import torch
 from sac_spectral.core.config import ConfigError, check, option, section, to_dict
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.regularizers import build_regularizers, validate_specs
-from sac_spectral.runs.checkpoint import save_checkpoint
 from sac_spectral.runs.cli import (
     check_device,
     recorded_config,
@@ -31,7 +30,7 @@ from sac_spectral.runs.cli import (
     set_torch_threads,
 )
 from sac_spectral.runs.evals import append_task_evals
-from sac_spectral.runs.layout import CHECKPOINT, SUMMARY_TASKS
+from sac_spectral.runs.layout import SUMMARY_TASKS
 from sac_spectral.runs.logger import RunLogger, state_is_finite
 from sac_spectral.runs.memory import (
     FLOAT32,
@@ -39,14 +38,7 @@ from sac_spectral.runs.memory import (
     model_size,
     supervised_estimate,
 )
-from sac_spectral.runs.run import (
-    GracefulStop,
-    end_nonfinite,
-    end_stopped,
-    finish_run,
-    progress_bar,
-    runner_main,
-)
+from sac_spectral.runs.run import NonFinite, Run, Schedule, every
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 from sac_spectral.supervised.datasets import (
     DATASETS,
@@ -226,6 +218,31 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
+class Interval:
+    """Sums of the batch losses and correct predictions since the last log, kept on the device (no
+    host sync per iteration)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
+        self.iters, self.start = 0, time.perf_counter()
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor) -> None:
+        self.loss += loss
+        self.correct += correct
+        self.iters += 1
+
+    def read(self, batch_size: int) -> tuple[float, float, float]:
+        """Mean loss, mean accuracy and iterations per second since the last read; restarts."""
+        now = time.perf_counter()
+        out = (float(self.loss) / self.iters, float(self.correct) / (self.iters * batch_size),
+               self.iters / max(now - self.start, 1e-9))
+        self.loss.zero_()
+        self.correct.zero_()
+        self.iters, self.start = 0, now
+        return out
+
+
 class ContinualRunner:
     """Everything of one continual run: data, stream, learner, counters, logging, checkpoints."""
 
@@ -279,8 +296,10 @@ class ContinualRunner:
         self.iteration = 0
         self.results: list[dict[str, Any]] = []
         self.wall_time = 0.0
+        self.total = len(self.stream) * s.iters_per_task
         self.run_dir: Path | None = None
         self.logger: RunLogger | None = None
+        self.postfix: dict[str, str] = {}
 
     # ----------------------------------------------------------------------------- run directory
     def open_new(self) -> Path:
@@ -332,10 +351,6 @@ class ContinualRunner:
         self.results = list(state["results"])
         self.wall_time = float(state["wall_time"])
 
-    def checkpoint(self) -> None:
-        assert self.run_dir is not None
-        save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
-
     def finite(self) -> bool:
         return state_is_finite(self.state_dict())
 
@@ -378,69 +393,69 @@ class ContinualRunner:
         return row
 
     # ----------------------------------------------------------------------------- training
-    def train(self, stop: GracefulStop) -> int:
-        """Run every task of the stream; returns the process exit code."""
-        cfg, logger = self.cfg, self.logger
-        assert logger is not None and self.run_dir is not None
-        per_task = cfg.stream.iters_per_task
-        total = len(self.stream) * per_task
-        start = time.perf_counter() - self.wall_time
-        bar = progress_bar(total, self.iteration, "it", cfg.progress)
-        postfix: dict[str, str] = {}
+    def train(self, run: Run) -> None:
+        """One batch and update per iteration, task after task, and the periodic work."""
+        cfg = self.cfg
+        self.bar = run.begin(self.schedule(), self.total, self.iteration, "it")
         if self.results and self.results[-1]["train_acc"] is not None:
-            postfix["train_acc"] = f"{self.results[-1]['train_acc']:.3f}"
-        task = self.stream.task(min(self.iteration // per_task, len(self.stream) - 1))
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        correct_sum = torch.zeros((), dtype=torch.long, device=self.device)
-        interval_iters, interval_start = 0, time.perf_counter()
-        while self.iteration < total:
-            if task.index != self.iteration // per_task:
-                task = self.stream.task(self.iteration // per_task)
-            x, y = self._batch(task.train_batch(self.gen, cfg.batch_size, self.dtype))
-            loss, correct = self.learner.train_step(x, y)
-            loss_sum += loss
-            correct_sum += correct
-            interval_iters += 1
+            self.postfix["train_acc"] = f"{self.results[-1]['train_acc']:.3f}"
+        self.task = self.stream.task(min(self.iteration // cfg.stream.iters_per_task, len(self.stream) - 1))
+        self.interval = Interval(self.device)
+        while self.iteration < self.total:
+            if self.task.index != self.iteration // cfg.stream.iters_per_task:
+                self.task = self.stream.task(self.iteration // cfg.stream.iters_per_task)
+            x, y = self._batch(self.task.train_batch(self.gen, cfg.batch_size, self.dtype))
+            self.interval.add(*self.learner.train_step(x, y))
             self.iteration += 1
-            if self.iteration % cfg.log_every == 0:
-                now = time.perf_counter()
-                mean_loss = float(loss_sum) / interval_iters
-                if not np.isfinite(mean_loss):
-                    return end_nonfinite(self, bar)
-                logger.scalar("step/batch_loss", mean_loss, self.iteration)
-                if task.objective == "classification":
-                    logger.scalar("step/batch_acc", float(correct_sum) / (interval_iters * cfg.batch_size), self.iteration)
-                logger.scalar("perf/iters_per_s", interval_iters / max(now - interval_start, 1e-9), self.iteration)
-                logger.scalars(self.learner.metrics(), self.iteration)
-                loss_sum.zero_()
-                correct_sum.zero_()
-                interval_iters, interval_start = 0, now
-            task_end = self.iteration % per_task == 0
-            diagnose = bool(cfg.diagnostics_every) and self.iteration % cfg.diagnostics_every == 0 and not task_end
-            if (task_end or diagnose) and not self.finite():  # before diagnostics see a broken model
-                return end_nonfinite(self, bar)
-            if diagnose:
-                self._diagnose(task, task_end=False)
-            if task_end:
-                row = self._end_task(task)
-                if not np.isfinite(row["loss"]):
-                    return end_nonfinite(self, bar)
-                postfix["task"] = f"{task.index + 1}/{len(self.stream)}"
-                if row["train_acc"] is not None:
-                    postfix["train_acc"] = f"{row['train_acc']:.3f}"
-                else:
-                    postfix["loss"] = f"{row['loss']:.3g}"
-                bar.set_postfix(postfix, refresh=False)
-            bar.update(1)
-            self.wall_time = time.perf_counter() - start
-            if stop.requested is not None:
-                return end_stopped(self, bar, "sac_spectral.continual", stop.requested)
-            done_tasks = self.iteration // per_task
-            if task_end and (self.iteration == total or (cfg.checkpoint_every and done_tasks % cfg.checkpoint_every == 0)):
-                self.checkpoint()
-        bar.close()
-        self._finish()
-        return 0
+            run.after(self.iteration)
+
+    def schedule(self) -> Schedule:
+        """After each iteration, in order: logging, a finiteness check before any diagnostics see a
+        broken model, diagnostics within a task, the end of a task; a checkpoint every
+        ``checkpoint_every`` tasks and at the end."""
+        cfg, per_task = self.cfg, self.cfg.stream.iters_per_task
+
+        def task_end(it: int) -> bool:
+            return it % per_task == 0
+
+        def diagnose(it: int) -> bool:
+            return every(cfg.diagnostics_every)(it) and not task_end(it)
+
+        return Schedule(
+            jobs=[
+                ("log", every(cfg.log_every), self._log),
+                ("finite", lambda it: task_end(it) or diagnose(it), self._check_finite),
+                ("diagnose", diagnose, lambda: self._diagnose(self.task, task_end=False)),
+                ("task end", task_end, self._task_done),
+            ],
+            checkpoint=lambda it: task_end(it) and (it == self.total or every(cfg.checkpoint_every)(it // per_task)),
+        )
+
+    def _log(self) -> None:
+        """The interval's mean batch loss (and accuracy), iterations per second and the learner's metrics."""
+        mean_loss, mean_acc, rate = self.interval.read(self.cfg.batch_size)
+        if not np.isfinite(mean_loss):
+            raise NonFinite
+        self.logger.scalar("step/batch_loss", mean_loss, self.iteration)
+        if self.task.objective == "classification":
+            self.logger.scalar("step/batch_acc", mean_acc, self.iteration)
+        self.logger.scalar("perf/iters_per_s", rate, self.iteration)
+        self.logger.scalars(self.learner.metrics(), self.iteration)
+
+    def _check_finite(self) -> None:
+        if not self.finite():
+            raise NonFinite
+
+    def _task_done(self) -> None:
+        row = self._end_task(self.task)
+        if not np.isfinite(row["loss"]):
+            raise NonFinite
+        self.postfix["task"] = f"{self.task.index + 1}/{len(self.stream)}"
+        if row["train_acc"] is not None:
+            self.postfix["train_acc"] = f"{row['train_acc']:.3f}"
+        else:
+            self.postfix["loss"] = f"{row['loss']:.3g}"
+        self.bar.set_postfix(self.postfix, refresh=False)
 
     def summary(self) -> dict[str, Any]:
         rows = self.results
@@ -465,8 +480,7 @@ class ContinualRunner:
         out["tasks"] = rows
         return out
 
-    def _finish(self) -> None:
-        summary = self.summary()
+    def headline(self, summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
         n = summary["window_tasks"]
         if summary[f"first{SUMMARY_TASKS}_train_acc"] is not None:
             result = (f"end-of-task train accuracy: first {n} tasks {summary[f'first{SUMMARY_TASKS}_train_acc']:.3f}, "
@@ -480,15 +494,12 @@ class ContinualRunner:
         if n < SUMMARY_TASKS:
             result += f" (halves of the {summary['tasks_done']} tasks: fewer than {2 * SUMMARY_TASKS})"
         metrics = {k: v for k, v in summary.items() if k.startswith(("first", "last", "final")) and v is not None}
-        finish_run(
-            self, summary, metrics,
-            f"done: {summary['tasks_done']} tasks, {summary['iterations']} iterations in {summary['wall_time_s']:.0f} s; "
-            + result,
-        )
+        return (f"done: {summary['tasks_done']} tasks, {summary['iterations']} iterations in {summary['wall_time_s']:.0f} s; "
+                + result, metrics)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return runner_main(
+    return Run.main(
         "sac_spectral.continual", __doc__.split("\n\n")[1], ContinualConfig, RESUMABLE_KEYS, ContinualRunner, argv
     )
 

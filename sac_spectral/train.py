@@ -19,15 +19,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from agents import SAC, ActorConfig, CriticConfig, ReplayBuffer, SACConfig
 from agents.probes import DiagnosticsConfig, probe_batch, sac_diagnostics
 from envs import EnvPool, UnknownEnvError, make_env
+from envs.evaluate import eval_env_seed, evaluate
 from sac_spectral.core.config import ConfigError, check, option, section
 from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
-from sac_spectral.runs.checkpoint import save_checkpoint
 from sac_spectral.runs.cli import (
     check_device,
     recorded_config,
@@ -35,17 +34,9 @@ from sac_spectral.runs.cli import (
     set_torch_threads,
 )
 from sac_spectral.runs.evals import append_rl_evals
-from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finite
 from sac_spectral.runs.memory import check_fits, sac_estimate
-from sac_spectral.runs.run import (
-    GracefulStop,
-    end_nonfinite,
-    end_stopped,
-    finish_run,
-    progress_bar,
-    runner_main,
-)
+from sac_spectral.runs.run import NonFinite, Run, Schedule, every
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
@@ -147,12 +138,6 @@ def check_format(state: dict[str, Any]) -> None:
         )
 
 
-def eval_seed(seed: int, evaluation: int, episode: int) -> int:
-    """Reset seed of episode ``episode`` of evaluation number ``evaluation``: every evaluation plays
-    fresh episodes (a stream that continues between evaluations), deterministically and resumably."""
-    return derive_seed(seed, f"eval/{evaluation}/{episode}") % (2**31)
-
-
 def seed_label(seeds: Sequence[int]) -> str:
     """``s3`` for one seed, ``s0-2`` for seeds 0, 1, 2."""
     return f"s{seeds[0]}" if len(seeds) == 1 else f"s{seeds[0]}-{seeds[-1]}"
@@ -182,18 +167,45 @@ class Rates:
         return rates
 
 
-class Trainer:
-    """Everything of one run: envs, agent, buffer, counters, logging, checkpoints.
+def describe(cfg: TrainConfig, seeds: Sequence[int], threads: str) -> str:
+    """One line: what a run of ``cfg`` does."""
+    regs = {net: "+".join(r["name"] for r in getattr(cfg, net).regularizers) or "none" for net in ("actor", "critic")}
+    parts = [
+        cfg.env, f"seed{'s' if len(seeds) > 1 else ''} {seed_label(seeds)[1:]}",
+        f"{cfg.total_steps} steps at replay ratio {cfg.replay_ratio:g} after {cfg.random_steps} random",
+        f"regularizers actor: {regs['actor']}, critic: {regs['critic']}",
+    ]
+    if cfg.resets.every:
+        parts.append(f"resets ({cfg.resets.what}) every {cfg.resets.every}")
+    if cfg.priming.updates:
+        parts.append(f"priming {cfg.priming.updates} updates on the first {cfg.priming.transitions} transitions")
+    parts.append(f"{cfg.device}, {threads}")
+    return " | ".join(parts)
 
-    :meth:`train` is the loop — act, step the envs, store, learn — and after each env step
-    :meth:`periodic` does, in this order: logging, diagnostics, evaluation, the reset (so an
-    evaluation at a reset step scores the trained agent, as rl_with_resets does), a checkpoint.
+
+def log_training(logger: RunLogger, agent: SAC, info: dict[str, torch.Tensor], step: int) -> None:
+    """The last update's metrics, the agent's state metrics and σ_max per layer; a non-finite
+    metric ends the run."""
+    metrics = {**info, **agent.metrics()}
+    logger.scalars(metrics, step)
+    for net, module in agent.nets().items():
+        for i, sigma in enumerate(layer_sigma_max(module)):
+            logger.per_seed(f"spectral/{net}/layer{i}/sigma_max", agent.per_seed(net, sigma), step)
+    if not tensor_is_finite(metrics):
+        raise NonFinite
+
+
+class Trainer:
+    """One RL run: envs, agent, buffer and counters, driven by a :class:`Run`.
+
+    :meth:`train` is the loop — act, step the envs, store, learn — and :meth:`schedule` the
+    periodic work after each env step, in this order: logging, diagnostics, evaluation, the reset
+    (so an evaluation at a reset step scores the trained agent, as rl_with_resets does), then a
+    checkpoint.
     """
 
     def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg
-        self.threads = set_torch_threads(cfg.threads)
-        self.device = torch.device(cfg.device)
+        self.cfg, self.threads, self.device = cfg, set_torch_threads(cfg.threads), torch.device(cfg.device)
         self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
         try:
             self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat)
@@ -201,16 +213,11 @@ class Trainer:
             raise ConfigError(f"env: {err}") from None
         check_fits(sac_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
                    "buffer_size, batch_size, replay_ratio, num_seeds or the hidden widths")
-        self.eval_envs = [make_env(cfg.env, derive_seed(s, "eval") % (2**31), cfg.action_repeat) for s in self.seeds]
+        self.eval_envs = [make_env(cfg.env, eval_env_seed(s), cfg.action_repeat) for s in self.seeds]
         self.streams = SeedStreams(self.seeds, self.device)
         self.agent = SAC(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
-        self.buffer = ReplayBuffer(
-            cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device
-        )
-        self.step = 0
-        self.primed = 0
-        self.diagnosed = 0
-        self.last_reset = 0
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device)
+        self.step = self.primed = self.diagnosed = self.last_reset = 0
         self.evals: list[dict[str, Any]] = []
         self.random_return: list[float] | None = None
         self.priming_report: dict[str, dict[str, list[float]]] = {}
@@ -218,13 +225,13 @@ class Trainer:
         self.last_info: dict[str, torch.Tensor] = {}
         self.run_dir: Path | None = None
         self.logger: RunLogger | None = None
+        self.postfix: dict[str, str] = {}
 
     # ----------------------------------------------------------------------------- run directory
     def open_new(self) -> Path:
-        cfg = self.cfg
-        slug = cfg.env.replace(":", "-").replace("/", "-")
-        self.run_dir = open_run_dir(cfg, f"{slug}__{run_tag(cfg)}__{seed_label(self.seeds)}")
-        self.logger = RunLogger(self.run_dir, cfg.num_seeds)
+        slug = self.cfg.env.replace(":", "-").replace("/", "-")
+        self.run_dir = open_run_dir(self.cfg, f"{slug}__{run_tag(self.cfg)}__{seed_label(self.seeds)}")
+        self.logger = RunLogger(self.run_dir, self.cfg.num_seeds)
         return self.run_dir
 
     def open_resume(self, path: Path) -> None:
@@ -238,38 +245,18 @@ class Trainer:
         return f"step {self.step}"
 
     def describe(self) -> str:
-        """One line: what this run does."""
-        cfg = self.cfg
-        regs = {net: "+".join(r["name"] for r in getattr(cfg, net).regularizers) or "none" for net in ("actor", "critic")}
-        parts = [
-            cfg.env, f"seed{'s' if len(self.seeds) > 1 else ''} {seed_label(self.seeds)[1:]}",
-            f"{cfg.total_steps} steps at replay ratio {cfg.replay_ratio:g} after {cfg.random_steps} random",
-            f"regularizers actor: {regs['actor']}, critic: {regs['critic']}",
-        ]
-        if cfg.resets.every:
-            parts.append(f"resets ({cfg.resets.what}) every {cfg.resets.every}")
-        if cfg.priming.updates:
-            parts.append(f"priming {cfg.priming.updates} updates on the first {cfg.priming.transitions} transitions")
-        parts.append(f"{cfg.device}, {self.threads}")
-        return " | ".join(parts)
+        return describe(self.cfg, self.seeds, self.threads)
 
     # ----------------------------------------------------------------------------- state
+    _COUNTERS = ("step", "primed", "diagnosed", "last_reset")
+
     def state_dict(self) -> dict[str, Any]:
         return {
-            "format": CHECKPOINT_FORMAT,
-            "config": recorded_config(self.cfg),
-            "step": self.step,
-            "primed": self.primed,
-            "diagnosed": self.diagnosed,
-            "last_reset": self.last_reset,
-            "agent": self.agent.full_state_dict(),
-            "buffer": self.buffer.state_dict(),
-            "streams": self.streams.state_dict(),
-            "pool": self.pool.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "evals": self.evals,
-            "random_return": self.random_return,
-            "priming_report": self.priming_report,
+            "format": CHECKPOINT_FORMAT, "config": recorded_config(self.cfg),
+            **{key: getattr(self, key) for key in self._COUNTERS},
+            "agent": self.agent.full_state_dict(), "buffer": self.buffer.state_dict(),
+            "streams": self.streams.state_dict(), "pool": self.pool.state_dict(), "torch_rng": torch.get_rng_state(),
+            "evals": self.evals, "random_return": self.random_return, "priming_report": self.priming_report,
             "wall_time": self.wall_time,
         }
 
@@ -278,8 +265,8 @@ class Trainer:
         if int(state["step"]) > self.cfg.total_steps:
             raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
                               f"give total_steps >= {int(state['step'])}")
-        self.step, self.primed, self.diagnosed = int(state["step"]), int(state["primed"]), int(state["diagnosed"])
-        self.last_reset = int(state["last_reset"])
+        for key in self._COUNTERS:
+            setattr(self, key, int(state[key]))
         self.agent.load_full_state_dict(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
         self.streams.load_state_dict(state["streams"])
@@ -287,168 +274,67 @@ class Trainer:
             print("note: this env's state cannot be restored exactly; the resumed run starts a new episode", file=sys.stderr)
         torch.set_rng_state(state["torch_rng"])
         self.evals, self.random_return = list(state["evals"]), state["random_return"]
-        self.priming_report = dict(state["priming_report"])
-        self.wall_time = float(state["wall_time"])
-
-    def checkpoint(self) -> None:
-        assert self.run_dir is not None
-        save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
+        self.priming_report, self.wall_time = dict(state["priming_report"]), float(state["wall_time"])
 
     def finite(self) -> bool:
         """Networks, optimizer state, α and regularizer state are finite (the replay buffer holds
         what the envs returned and is not checked)."""
         return state_is_finite(self.agent.full_state_dict()) and tensor_is_finite(self.agent.metrics())
 
-    # ----------------------------------------------------------------------------- evaluation
-    def evaluate(self, policy: Callable[[np.ndarray], np.ndarray], evaluation: int | str) -> np.ndarray:
-        """Mean return per seed over ``eval_episodes`` episodes, seeded by :func:`eval_seed`."""
-        n, episodes = len(self.seeds), self.cfg.eval_episodes
-        returns = np.zeros((n, episodes))
-        for ep in range(episodes):
-            obs = np.stack([
-                env.reset(seed=eval_seed(s, evaluation, ep))[0] for env, s in zip(self.eval_envs, self.seeds)
-            ])
-            done = np.zeros(n, dtype=bool)
-            while not done.all():
-                actions = policy(obs)
-                for i, env in enumerate(self.eval_envs):
-                    if done[i]:
-                        continue
-                    o, r, te, tr, _ = env.step(actions[i])
-                    returns[i, ep] += r
-                    obs[i] = o
-                    done[i] = te or tr
-        return returns.mean(axis=1)
-
-    def _policy(self, obs: np.ndarray) -> np.ndarray:
-        return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
-
-    def _random_policy(self) -> Callable[[np.ndarray], np.ndarray]:
-        rngs = [np.random.default_rng(derive_seed(s, "random_policy")) for s in self.seeds]
-        return lambda obs: np.stack([rng.uniform(-1.0, 1.0, self.pool.act_dim) for rng in rngs])
-
-    def _eval_and_log(self) -> float:
-        assert self.logger is not None
-        returns = self.evaluate(self._policy, len(self.evals))
-        self.evals.append({"step": self.step, "returns": returns.tolist()})
-        append_rl_evals(self.logger.run_dir, self.step, self.agent.num_updates, self.seeds, returns,
-                        self.cfg.eval_episodes, self.wall_time)
-        self.logger.per_seed("eval/return", returns.tolist(), self.step)
-        return float(returns.mean())
-
     # ----------------------------------------------------------------------------- the loop
-    def train(self, stop: GracefulStop) -> int:
-        """Run until ``total_steps``; returns the process exit code."""
-        cfg, logger = self.cfg, self.logger
-        assert logger is not None and self.run_dir is not None
+    def train(self, run: Run) -> None:
+        """Act, step the envs, store, learn, and the periodic work, until ``total_steps``."""
         if self.random_return is None:
-            self.random_return = self.evaluate(self._random_policy(), "random_policy").tolist()
-            logger.per_seed("eval/random_policy_return", self.random_return, 0)
-        self._start = time.perf_counter() - self.wall_time
-        self._bar_rates = Rates(self.step, self.agent.num_updates)
-        self._log_rates = Rates(self.step, self.agent.num_updates)
-        bar = progress_bar(cfg.total_steps, self.step, "step", cfg.progress)
-        self._postfix = {"eval": f"{float(np.mean(self.evals[-1]['returns'])):.1f}"} if self.evals else {}
+            self.random_return = self._evaluate(self._random_policy(), "random_policy").tolist()
+            self.logger.per_seed("eval/random_policy_return", self.random_return, 0)
+        self.rates = {"bar": Rates(self.step, self.agent.num_updates), "log": Rates(self.step, self.agent.num_updates)}
+        self.bar = run.begin(self.schedule(), self.cfg.total_steps, self.step, "step")
+        self.postfix = {"eval": f"{float(np.mean(self.evals[-1]['returns'])):.1f}"} if self.evals else {}
         if self._reset_due():  # a run that ended at a reset step and is now extended
             self._reset()
         if self._priming_due():  # resumed in the middle of priming: finish it and this step's periodic work
-            code = self.learn(bar, stop)
-            if code is None:
-                code = self.periodic(bar, stop)
-            if code is not None:
-                return code
-        while self.step < cfg.total_steps:
+            self.learn(run)
+            run.after(self.step)
+        while self.step < self.cfg.total_steps:
             obs, actions = self.pool.obs, self._act()
             if not np.isfinite(actions).all():
-                return end_nonfinite(self, bar)
+                raise NonFinite
             tr = self.pool.step(actions)
             self.buffer.add(obs, actions, tr.reward, tr.next_obs, tr.terminated)
             self.step += 1
-            logger.episodes(tr.finished, self.step)
-            code = self.learn(bar, stop)
-            if code is None:
-                code = self.periodic(bar, stop)
-            if code is not None:
-                return code
-        bar.close()
-        self._finish()
-        return 0
+            self.logger.episodes(tr.finished, self.step)
+            self.learn(run)
+            run.after(self.step)
+
+    def schedule(self) -> Schedule:
+        """The periodic work after each env step, in its order, and when to checkpoint."""
+        cfg = self.cfg
+        return Schedule(
+            jobs=[
+                ("log", every(cfg.log_every), self._log),
+                ("diagnose", self._diagnosis_due, self._diagnose_now),
+                ("evaluate", every(cfg.eval_every, end=cfg.total_steps), self._eval_and_log),
+                ("reset", lambda step: step < cfg.total_steps and self._reset_due(), self._reset),
+                ("progress", lambda step: True, self._progress),
+            ],
+            checkpoint=every(cfg.checkpoint_every, end=cfg.total_steps),
+        )
+
+    def learn(self, run: Run) -> None:
+        """Priming when due, then the updates this step owes."""
+        if self._priming_due():
+            Priming(self, run).run()
+        n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
+        if n > 0:
+            self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
 
     def _act(self) -> np.ndarray:
         if self.step < self.cfg.random_steps:
             return (self.streams.rand("act", (self.pool.act_dim,)) * 2.0 - 1.0).cpu().numpy()
-        obs = torch.as_tensor(self.pool.obs, device=self.device)
-        return self.agent.act(obs).cpu().numpy()
+        return self.agent.act(torch.as_tensor(self.pool.obs, device=self.device)).cpu().numpy()
 
     def _priming_due(self) -> bool:
-        p = self.cfg.priming
-        return self.step >= p.transitions and self.primed < p.updates
-
-    def _updates_due(self) -> int:
-        """Updates owed at this step by the replay ratio (priming updates are extra)."""
-        return self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
-
-    def learn(self, bar: tqdm, stop: GracefulStop) -> int | None:
-        """Priming when due, then the updates this step owes; an exit code if the run must stop."""
-        if self._priming_due():
-            code = self._prime(bar, stop)
-            if code is not None:
-                return code
-        n = self._updates_due()
-        if n > 0:
-            self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
-        return None
-
-    def _prime(self, bar: tqdm, stop: GracefulStop) -> int | None:
-        """Heavy priming: ``priming.updates`` updates on the transitions stored so far, in chunks,
-        with diagnostics before and after (``priming/before/…``, ``priming/after/…``, and in
-        ``summary.json``) and the losses under ``priming/…`` by priming update."""
-        assert self.logger is not None
-        total = self.cfg.priming.updates
-        if self.primed == 0 and self.cfg.diagnostics.every:
-            self.priming_report["before"] = self._diagnose("priming/before/")
-        while self.primed < total:
-            n = min(PRIMING_CHUNK, total - self.primed)
-            info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
-            self.primed += n
-            self.wall_time = time.perf_counter() - self._start
-            if not tensor_is_finite(info):
-                return end_nonfinite(self, bar)
-            self.logger.scalars({f"priming/{k}": v for k, v in {**info, **self.agent.metrics()}.items()}, self.primed)
-            bar.set_postfix({**self._postfix, "priming": f"{self.primed}/{total}"})
-            if stop.requested is not None:
-                return end_stopped(self, bar, "sac_spectral.train", stop.requested)
-            if self.primed % PRIMING_CHECKPOINT == 0 and self.primed < total:
-                if not self.finite():
-                    return end_nonfinite(self, bar)
-                self.checkpoint()
-        if self.cfg.diagnostics.every:
-            self.priming_report["after"] = self._diagnose("priming/after/")
-        return None
-
-    def periodic(self, bar: tqdm, stop: GracefulStop) -> int | None:
-        """This step's periodic work, in order: logging, diagnostics, evaluation, reset, checkpoint.
-        Returns an exit code if the run must stop (non-finite values, a stop request)."""
-        cfg, step = self.cfg, self.step
-        if step % cfg.log_every == 0 and not self._log_training():
-            return end_nonfinite(self, bar)
-        every, updates = cfg.diagnostics.every, self.agent.num_updates
-        if every and ((updates == 0 and step == cfg.random_steps) or updates // every > self.diagnosed // every):
-            self._diagnose()
-            self.diagnosed = updates
-        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.total_steps:
-            self._postfix["eval"] = f"{self._eval_and_log():.1f}"
-        if self._reset_due() and step < cfg.total_steps:
-            self._reset()
-        self._progress(bar)
-        self.wall_time = time.perf_counter() - self._start
-        if stop.requested is not None:
-            return end_stopped(self, bar, "sac_spectral.train", stop.requested)
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.total_steps:
-            if not self.finite():
-                return end_nonfinite(self, bar)
-            self.checkpoint()
-        return None
+        return self.step >= self.cfg.priming.transitions and self.primed < self.cfg.priming.updates
 
     def _reset_due(self) -> bool:
         every = self.cfg.resets.every
@@ -460,33 +346,50 @@ class Trainer:
         self.agent.reset(self.cfg.resets.what, self.cfg.resets.last_layers)
         self.last_reset = self.step
 
-    def _progress(self, bar: tqdm) -> None:
-        """Advance the bar; its rates are refreshed about once a second."""
-        if time.perf_counter() - self._bar_rates.time >= 1.0:
-            rates = self._bar_rates.read(self.step, self.agent.num_updates)
-            self._postfix.update(sps=f"{rates['perf/env_steps_per_s']:.0f}", ups=f"{rates['perf/updates_per_s']:.0f}")
-        self._postfix.pop("priming", None)
-        bar.set_postfix(self._postfix, refresh=False)
-        bar.update(1)
+    # ----------------------------------------------------------------------------- evaluation
+    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], evaluation: int | str) -> np.ndarray:
+        return evaluate(policy, self.eval_envs, self.seeds, evaluation, self.cfg.eval_episodes)
 
-    def _log_training(self) -> bool:
-        """Log rates since the last log, the last update's metrics, the agent's state metrics and
-        σ_max per layer; returns whether the metrics are finite."""
-        assert self.logger is not None
-        step = self.step
-        for tag, value in self._log_rates.read(step, self.agent.num_updates).items():
-            self.logger.scalar(tag, value, step)
-        metrics = {**self.last_info, **self.agent.metrics()}
-        self.logger.scalars(metrics, step)
-        for net, module in self.agent.nets().items():
-            for i, sigma in enumerate(layer_sigma_max(module)):
-                self.logger.per_seed(f"spectral/{net}/layer{i}/sigma_max", self.agent.per_seed(net, sigma), step)
-        return tensor_is_finite(metrics)
+    def _policy(self, obs: np.ndarray) -> np.ndarray:
+        return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
 
-    def _diagnose(self, prefix: str = "") -> dict[str, list[float]]:
+    def _random_policy(self) -> Callable[[np.ndarray], np.ndarray]:
+        rngs = [np.random.default_rng(derive_seed(s, "random_policy")) for s in self.seeds]
+        return lambda obs: np.stack([rng.uniform(-1.0, 1.0, self.pool.act_dim) for rng in rngs])
+
+    def _eval_and_log(self) -> None:
+        returns = self._evaluate(self._policy, len(self.evals))
+        self.evals.append({"step": self.step, "returns": returns.tolist()})
+        append_rl_evals(self.logger.run_dir, self.step, self.agent.num_updates, self.seeds, returns,
+                        self.cfg.eval_episodes, self.wall_time)
+        self.logger.per_seed("eval/return", returns.tolist(), self.step)
+        self.postfix["eval"] = f"{float(returns.mean()):.1f}"
+
+    # ----------------------------------------------------------------------------- logging
+    def _progress(self) -> None:
+        """The bar's rates, refreshed about once a second."""
+        if time.perf_counter() - self.rates["bar"].time >= 1.0:
+            rates = self.rates["bar"].read(self.step, self.agent.num_updates)
+            self.postfix.update(sps=f"{rates['perf/env_steps_per_s']:.0f}", ups=f"{rates['perf/updates_per_s']:.0f}")
+        self.postfix.pop("priming", None)
+        self.bar.set_postfix(self.postfix, refresh=False)
+
+    def _log(self) -> None:
+        for tag, value in self.rates["log"].read(self.step, self.agent.num_updates).items():
+            self.logger.scalar(tag, value, self.step)
+        log_training(self.logger, self.agent, self.last_info, self.step)
+
+    def _diagnosis_due(self, step: int) -> bool:
+        every, updates = self.cfg.diagnostics.every, self.agent.num_updates
+        return bool(every) and ((updates == 0 and step == self.cfg.random_steps) or updates // every > self.diagnosed // every)
+
+    def _diagnose_now(self) -> None:
+        self.diagnose()
+        self.diagnosed = self.agent.num_updates
+
+    def diagnose(self, prefix: str = "") -> dict[str, list[float]]:
         """Log gradient rank, spectra, features and dormant units on a probe batch of its own
         (under ``prefix`` + the usual tags); returns the per-seed scalars."""
-        assert self.logger is not None
         batch, noise = probe_batch(self.agent, self.buffer, self.cfg.diagnostics.batch_size, self.seeds, self.agent.num_updates)
         out: dict[str, list[float]] = {}
         for net, report in sac_diagnostics(self.agent, batch, noise, self.cfg.diagnostics).items():
@@ -498,40 +401,61 @@ class Trainer:
                 self.logger.histograms(prefix + tag, values.reshape(len(self.seeds), -1), self.step)
         return out
 
+    # ----------------------------------------------------------------------------- the end
     def summary(self) -> dict[str, Any]:
         finals = self.evals[-1]["returns"] if self.evals else [float("nan")] * len(self.seeds)
         best = np.max([e["returns"] for e in self.evals], axis=0).tolist() if self.evals else finals
+        randoms = self.random_return or []
         return {
-            "env": self.cfg.env,
-            "seeds": self.seeds,
-            "steps": self.step,
-            "updates": self.agent.num_updates,
-            "priming_updates": self.primed,
-            "wall_time_s": self.wall_time,
+            "env": self.cfg.env, "seeds": self.seeds, "steps": self.step, "updates": self.agent.num_updates,
+            "priming_updates": self.primed, "wall_time_s": self.wall_time,
             "updates_per_s": self.agent.num_updates / max(self.wall_time, 1e-9),
             "env_steps_per_s": self.step / max(self.wall_time, 1e-9),
-            "final_eval_return": float(np.mean(finals)),
-            "best_eval_return": float(np.mean(best)),
+            "final_eval_return": float(np.mean(finals)), "best_eval_return": float(np.mean(best)),
             "random_policy_return": float(np.mean(self.random_return or [float("nan")])),
-            "per_seed": [
-                {"seed": s, "final_eval_return": f, "best_eval_return": b, "random_policy_return": r}
-                for s, f, b, r in zip(self.seeds, finals, best, self.random_return or [])
-            ],
+            "per_seed": [{"seed": s, "final_eval_return": f, "best_eval_return": b, "random_policy_return": r}
+                         for s, f, b, r in zip(self.seeds, finals, best, randoms)],
             "eval_history": self.evals,
             "priming": self.priming_report,
         }
 
-    def _finish(self) -> None:
-        summary = self.summary()
-        finish_run(
-            self, summary, {k: summary[k] for k in ("final_eval_return", "best_eval_return", "updates_per_s")},
-            f"done: {summary['steps']} steps, {summary['updates']} updates in {summary['wall_time_s']:.0f} s; "
-            f"final eval return {summary['final_eval_return']:.1f} (random policy {summary['random_policy_return']:.1f})",
-        )
+    def headline(self, summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
+        return (f"done: {summary['steps']} steps, {summary['updates']} updates in {summary['wall_time_s']:.0f} s; "
+                f"final eval return {summary['final_eval_return']:.1f} (random policy {summary['random_policy_return']:.1f})",
+                {k: summary[k] for k in ("final_eval_return", "best_eval_return", "updates_per_s")})
+
+
+class Priming:
+    """Heavy priming: ``priming.updates`` updates on the transitions stored so far, in chunks, with
+    diagnostics before and after (``priming/before/…``, ``priming/after/…``, and in ``summary.json``)
+    and the losses under ``priming/…`` by priming update; a checkpoint every ``PRIMING_CHECKPOINT``."""
+
+    def __init__(self, trainer: Trainer, run: Run) -> None:
+        self.trainer, self.run_ = trainer, run
+
+    def run(self) -> None:
+        t, cfg = self.trainer, self.trainer.cfg
+        total = cfg.priming.updates
+        if t.primed == 0 and cfg.diagnostics.every:
+            t.priming_report["before"] = t.diagnose("priming/before/")
+        while t.primed < total:
+            n = min(PRIMING_CHUNK, total - t.primed)
+            info = t.agent.train_steps(t.buffer, n, cfg.batch_size)
+            t.primed += n
+            self.run_.tick()
+            if not tensor_is_finite(info):
+                raise NonFinite
+            t.logger.scalars({f"priming/{k}": v for k, v in {**info, **t.agent.metrics()}.items()}, t.primed)
+            t.bar.set_postfix({**t.postfix, "priming": f"{t.primed}/{total}"})
+            self.run_.check_stop()
+            if t.primed % PRIMING_CHECKPOINT == 0 and t.primed < total:
+                self.run_.checkpoint()
+        if cfg.diagnostics.every:
+            t.priming_report["after"] = t.diagnose("priming/after/")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return runner_main("sac_spectral.train", __doc__.split("\n\n")[1], TrainConfig, RESUMABLE_KEYS, Trainer, argv)
+    return Run.main("sac_spectral.train", __doc__.split("\n\n")[1], TrainConfig, RESUMABLE_KEYS, Trainer, argv)
 
 
 if __name__ == "__main__":

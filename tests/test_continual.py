@@ -14,6 +14,7 @@ from sac_spectral.core.config import load_config, merge_sources, to_dict
 from sac_spectral.runs.checkpoint import load_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.runs.run import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["progress=false", "model.width=32", "batch_size=16", "log_every=10", "stream.num_tasks=3",
@@ -37,7 +38,7 @@ def test_short_run_writes_summary_table_and_tensorboard(tmp_path, capsys):
     rd = tmp_path / "run"
     assert run(FAST + ["stream.kind=permuted_input", f"run_dir={rd}"]) == 0
     out = capsys.readouterr().out
-    assert f"tensorboard --logdir {rd}" in out
+    assert f"tensorboard --logdir {rd.parent}  (this run: {rd.name})" in out
     summary = json.loads((rd / "summary.json").read_text())
     assert [r["task"] for r in summary["tasks"]] == [0, 1, 2]
     assert [r["iteration"] for r in summary["tasks"]] == [40, 80, 120]
@@ -61,7 +62,8 @@ def test_short_run_writes_summary_table_and_tensorboard(tmp_path, capsys):
 
 
 class StopAfter:
-    """A stand-in for GracefulStop whose signal arrives after ``n`` checks (mid-task)."""
+    """A stand-in for GracefulStop whose signal arrives after ``n`` checks (mid-task; the first
+    check is the one before training starts)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -101,7 +103,7 @@ def test_stop_mid_task_and_extend_on_resume_reproduce_the_straight_run(tmp_path,
     cfg = merge_sources(ContinualConfig, None, FAST + extra + ["stream.num_tasks=2", f"run_dir={split}"])
     runner = ContinualRunner(cfg)
     runner.open_new()
-    assert runner.train(StopAfter(55)) == 128 + signal.SIGTERM
+    assert Run("sac_spectral.continual", runner, StopAfter(56)).execute() == 128 + signal.SIGTERM
     assert f"--resume {split}" in capsys.readouterr().err
     assert load_checkpoint(split / CHECKPOINT)["iteration"] == 56
     assert run(["--resume", split]) == 0  # finishes task 1 (2 tasks)
@@ -173,7 +175,7 @@ def test_non_finite_parameters_keep_the_last_good_checkpoint(tmp_path, capsys):
     runner.open_resume(rd)
     with torch.no_grad():
         runner.learner.model[1].weight[0, 0] = float("nan")
-    assert runner.train(StopAfter(10**6)) == 1
+    assert Run("sac_spectral.continual", runner, StopAfter(10**6)).execute() == 1
     assert f"the last good checkpoint is kept at {rd / CHECKPOINT}" in capsys.readouterr().err
     _same(load_checkpoint(rd / CHECKPOINT), good)
 
@@ -190,7 +192,7 @@ def test_diagnostics_hook_sees_the_model_a_probe_batch_and_per_example_losses(tm
 
     runner.learner.diagnostics.append(probe_diag)
     runner.open_new()
-    assert runner.train(StopAfter(10**6)) == 0
+    assert Run("sac_spectral.continual", runner, StopAfter(10**6)).execute() == 0
     expected = [(t // 40, t, t % 40 == 0, (24, 1, 8, 8), (24,)) for t in range(15, 121, 15) if t % 40]
     expected += [(k, 40 * (k + 1), True, (24, 1, 8, 8), (24,)) for k in range(3)]
     assert sorted(calls, key=lambda c: c[1]) == sorted(expected, key=lambda c: c[1])

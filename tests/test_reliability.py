@@ -18,9 +18,9 @@ import yaml
 from conftest import SMALL
 
 from sac_spectral import continual, diagnose, sweep, train
-from sac_spectral.runs import checkpoint, cli, memory, rundir
 from sac_spectral.core.config import ConfigError, read_yaml
 from sac_spectral.regularizers import REGISTRY
+from sac_spectral.runs import checkpoint, cli, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT

@@ -34,7 +34,7 @@ def test_short_run_writes_the_run_directory(tmp_path, capsys):
     rd = tmp_path / "run"
     assert run(FAST + ["total_steps=400", f"run_dir={rd}"]) == 0
     out = capsys.readouterr().out
-    assert f"tensorboard --logdir {rd}" in out
+    assert f"tensorboard --logdir {rd.parent}  (this run: {rd.name})" in out
     assert (rd / "config.yaml").is_file() and (rd / CHECKPOINT).is_file()
     summary = json.loads((rd / "summary.json").read_text())
     assert summary["steps"] == 400 and summary["updates"] == 200
@@ -194,7 +194,7 @@ def test_evaluation_at_a_reset_step_scores_the_trained_agent_also_across_a_resum
 
 
 def test_every_evaluation_plays_fresh_episodes():
-    from sac_spectral.train import eval_seed
+    from envs.evaluate import eval_seed
 
     seeds = {eval_seed(0, evaluation, ep) for evaluation in range(5) for ep in range(10)}
     assert len(seeds) == 50 and eval_seed(0, 3, 1) == eval_seed(0, 3, 1)
@@ -220,6 +220,7 @@ class _StopWhen:
 
 def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_path, capsys):
     from sac_spectral.core.config import load_config
+    from sac_spectral.runs.run import Run
     from sac_spectral.train import PRIMING_CHUNK, TrainConfig, Trainer
 
     common = FAST + ["random_steps=150", "priming.transitions=150", f"priming.updates={2 * PRIMING_CHUNK + 300}",
@@ -234,7 +235,8 @@ def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_
 
     trainer = Trainer(load_config(TrainConfig, overrides=common + [f"run_dir={split}"]))
     trainer.open_new()
-    assert trainer.train(_StopWhen(lambda: trainer.primed >= 2 * PRIMING_CHUNK)) == 128 + signal.SIGINT
+    stop = _StopWhen(lambda: trainer.primed >= 2 * PRIMING_CHUNK)
+    assert Run("sac_spectral.train", trainer, stop).execute() == 128 + signal.SIGINT
     state = load_checkpoint(split / CHECKPOINT)
     assert state["step"] == 150 and state["primed"] == 2 * PRIMING_CHUNK
     assert "priming update 2000 of 2300" in capsys.readouterr().err

@@ -1,76 +1,65 @@
-"""A run's life, shared by every runner: open a fresh, restarted or resumed run, train it under
-:class:`GracefulStop`, and end it (done, stopped by a signal, non-finite, I/O error) with its
-message and exit code.
+"""A run's life, shared by every runner: :class:`Run` opens a fresh, restarted or resumed run,
+drives the runner's loop under :class:`GracefulStop`, carries out its declared schedule of
+periodic work and checkpoints, and ends it — done, stopped by a signal, non-finite, or an I/O
+failure — with its message and exit code.
+
+A runner is a :class:`Loop`: it knows how to build, save and describe itself and trains by
+calling :meth:`Run.after` once per step (env step or iteration). The ends are exceptions carrying
+their exit code (:class:`RunEnd`), caught once, in :meth:`Run.execute`.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from sac_spectral.core.config import (
-    ConfigError,
-    one_line,
-    to_dict,
-)
-from sac_spectral.runs.checkpoint import CheckpointError, write_json
-from sac_spectral.runs.cli import (
-    T,
-    build_parser,
-    describe_os_error,
-    parse_cli,
-    resolve_config,
-)
+from sac_spectral.core.config import ConfigError, flatten, one_line, to_dict
+from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint, write_json
+from sac_spectral.runs.cli import T, build_parser, describe_os_error, parse_cli, resolve_config
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
 from sac_spectral.runs.logger import RunLogger
-from sac_spectral.core.config import flatten
-from sac_spectral.runs.rundir import (
-    release_run_dirs,
-    remove_stale_temp_files,
-    write_config,
-)
+from sac_spectral.runs.rundir import release_run_dirs, remove_stale_temp_files, write_config
 
 
-def progress_bar(total: int, initial: int, unit: str, enabled: bool) -> tqdm:
-    """The runners' progress bar (disabled by ``progress=false``)."""
-    return tqdm(total=total, initial=initial, unit=unit, disable=not enabled, dynamic_ncols=True)
+class RunEnd(Exception):
+    """A run that ends before it is done; ``code`` is the process's exit code."""
+
+    code = 1
 
 
-def report_stopped(prog: str, run_dir: Path, where: str) -> None:
-    """After a signal: the checkpoint is written; print how to resume."""
-    print(f"stopped at {where}; checkpoint written. Resume with:\n  python -m {prog} --resume {run_dir}", file=sys.stderr)
+class NonFinite(RunEnd):
+    """A non-finite loss, parameter or optimizer state: stop, keep the last good checkpoint (exit 1)."""
 
 
-def _kept(run_dir: Path | None) -> str:
-    kept = run_dir / CHECKPOINT if run_dir else None
-    return f"the last good checkpoint is kept at {kept}" if kept and kept.is_file() else "no checkpoint had been written yet"
+class Stopped(RunEnd):
+    """SIGINT/SIGTERM: checkpoint and say how to resume (exit 128 + the signal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.code = 128 + signum
 
 
-def report_nonfinite(where: str, run_dir: Path | None) -> None:
-    """A non-finite loss, parameter or optimizer state stops a run; the last good checkpoint stays."""
-    print(f"error: non-finite loss, parameters or optimizer state at {where}; stopping; {_kept(run_dir)}", file=sys.stderr)
+def every(n: int, end: int | None = None) -> Callable[[int], bool]:
+    """A schedule's predicate: due at the multiples of ``n`` (``0`` = never) and at ``end``."""
+    return lambda position: (n > 0 and position % n == 0) or position == end
 
 
-def report_done(headline: str, run_dir: Path) -> None:
-    """The end-of-run message: what was done, where it is, and the TensorBoard command."""
-    print(f"{headline}\nrun directory: {run_dir}\nview it with:  tensorboard --logdir {run_dir}")
+@dataclass
+class Schedule:
+    """The periodic work after each step, declared once by the runner: ``jobs`` in their order
+    (``(name, due, action)``: ``action()`` when ``due(position)``), then — unless a stop was
+    requested, which checkpoints and ends the run — a checkpoint when ``checkpoint(position)``."""
 
-
-def finish_run(runner: Runner, summary: dict[str, Any], final_metrics: dict[str, float], headline: str) -> None:
-    """The end of every completed run: ``summary.json``, the hyperparameters with ``final_metrics``
-    in TensorBoard's HPARAMS tab, the closed logger and the end-of-run message."""
-    assert runner.logger is not None and runner.run_dir is not None
-    write_json(runner.run_dir / SUMMARY, summary)
-    hp = {k: v for k, v in flatten(to_dict(runner.cfg)).items() if k != "run_dir"}
-    runner.logger.hparams(hp, final_metrics)
-    runner.logger.close()
-    report_done(headline, runner.run_dir)
+    jobs: list[tuple[str, Callable[[int], bool], Callable[[], object]]] = field(default_factory=list)
+    checkpoint: Callable[[int], bool] = field(default=lambda position: False)
 
 
 class GracefulStop:
@@ -97,12 +86,13 @@ class GracefulStop:
             signal.signal(sig, handler)
 
 
-class Runner(Protocol):
-    """What :func:`runner_main` drives: a fresh or resumed run, trained until done or stopped."""
+class Loop(Protocol):
+    """What a :class:`Run` drives: a fresh or resumed run, trained until done or stopped."""
 
     cfg: Any
     run_dir: Path | None
     logger: RunLogger | None
+    wall_time: float
 
     def open_new(self) -> Path: ...
 
@@ -114,51 +104,166 @@ class Runner(Protocol):
 
     def finite(self) -> bool: ...
 
-    def checkpoint(self) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def train(self, stop: GracefulStop) -> int: ...
+    def train(self, run: Run) -> None: ...
 
+    def summary(self) -> dict[str, Any]: ...
 
-def end_nonfinite(runner: Runner, bar: tqdm) -> int:
-    """Stop a run whose loss, parameters or optimizer state went non-finite; the last good
-    checkpoint stays. Exit code 1."""
-    bar.close()
-    report_nonfinite(runner.position(), runner.run_dir)
-    if runner.logger is not None:
-        runner.logger.close()
-    return 1
+    def headline(self, summary: dict[str, Any]) -> tuple[str, dict[str, float]]: ...
 
 
-def end_stopped(runner: Runner, bar: tqdm, prog: str, signum: int) -> int:
-    """After SIGINT/SIGTERM: write a checkpoint, say how to resume; exit code 128 + the signal."""
-    if not runner.finite():
-        return end_nonfinite(runner, bar)
-    bar.close()
-    runner.checkpoint()
-    assert runner.logger is not None and runner.run_dir is not None
-    runner.logger.close()
-    report_stopped(prog, runner.run_dir, runner.position())
-    return 128 + signum
+class Run:
+    """One run's life around its :class:`Loop`: the progress bar, stops, the schedule, checkpoints,
+    the summary and the ends. ``module`` is the runner's ``python -m`` name (for messages)."""
 
+    def __init__(self, module: str, loop: Loop, stop: GracefulStop) -> None:
+        self.module, self.loop, self.stop = module, loop, stop
+        self.schedule = Schedule()
+        self.bar: tqdm | None = None
+        self._start = time.perf_counter()
 
-def end_io_error(runner: Runner, err: OSError, prog: str) -> int:
-    """A write failed mid-run (e.g. a full disk): say which, that the last good checkpoint stays
-    and how to resume. Exit code 1."""
-    if runner.logger is not None:
+    def begin(self, schedule: Schedule, total: int, initial: int, unit: str) -> tqdm:
+        """Start the clock (continuing the loop's ``wall_time``) and the progress bar (off with
+        ``progress=false``) and take the loop's schedule."""
+        self.schedule = schedule
+        self._start = time.perf_counter() - self.loop.wall_time
+        self.bar = tqdm(total=total, initial=initial, unit=unit, disable=not self.loop.cfg.progress, dynamic_ncols=True)
+        return self.bar
+
+    def tick(self) -> None:
+        """Bring the loop's ``wall_time`` up to now."""
+        self.loop.wall_time = time.perf_counter() - self._start
+
+    def check_stop(self) -> None:
+        """End the run (with a checkpoint) if a stop was requested."""
+        if self.stop.requested is not None:
+            raise Stopped(self.stop.requested)
+
+    def after(self, position: int) -> None:
+        """The periodic work after step ``position``: the due jobs in order, the bar, the clock,
+        then a requested stop or a due checkpoint."""
+        for _, due, action in self.schedule.jobs:
+            if due(position):
+                action()
+        if self.bar is not None:
+            self.bar.update(1)
+        self.tick()
+        self.check_stop()
+        if self.schedule.checkpoint(position):
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Write the loop's state atomically; a non-finite state ends the run instead."""
+        if not self.loop.finite():
+            raise NonFinite
+        assert self.loop.run_dir is not None
+        save_checkpoint(self.loop.state_dict(), self.loop.run_dir / CHECKPOINT)
+
+    # ----------------------------------------------------------------------------- the ends
+    def execute(self) -> int:
+        """Train the loop to its end; returns the exit code."""
+        loop = self.loop
         try:
-            runner.logger.close()
-        except OSError:
-            pass
-    print(f"error: {describe_os_error(err)} at {runner.position()}; stopping; {_kept(runner.run_dir)}; "
-          f"free some space, then resume with: python -m {prog} --resume {runner.run_dir}", file=sys.stderr)
-    return 1
+            if self.stop.requested is not None:  # stopped during start-up: nothing to save
+                print(f"stopped by {signal.Signals(self.stop.requested).name} before training started", file=sys.stderr)
+                return 128 + self.stop.requested
+            loop.train(self)
+            self._close_bar()
+            self._finish()
+            return 0
+        except Stopped as end:
+            self._close_bar()
+            if not loop.finite():
+                return self._nonfinite()
+            self.checkpoint()
+            self._close_logger()
+            print(f"stopped at {loop.position()}; checkpoint written. Resume with:\n"
+                  f"  python -m {self.module} --resume {loop.run_dir}", file=sys.stderr)
+            return end.code
+        except NonFinite:
+            self._close_bar()
+            return self._nonfinite()
+        except OSError as err:
+            self._close_bar()
+            self._close_logger()
+            print(f"error: {describe_os_error(err)} at {loop.position()}; stopping; {self._kept()}; "
+                  f"free some space, then resume with: python -m {self.module} --resume {loop.run_dir}", file=sys.stderr)
+            return 1
+
+    def _finish(self) -> None:
+        """``summary.json``, the hyperparameters with the final metrics in TensorBoard's HPARAMS tab,
+        the closed logger and the end-of-run message."""
+        loop = self.loop
+        assert loop.logger is not None and loop.run_dir is not None
+        summary = loop.summary()
+        headline, final_metrics = loop.headline(summary)
+        write_json(loop.run_dir / SUMMARY, summary)
+        hp = {k: v for k, v in flatten(to_dict(loop.cfg)).items() if k != "run_dir"}
+        loop.logger.hparams(hp, final_metrics)
+        loop.logger.close()
+        print(f"{headline}\nrun directory: {loop.run_dir}\n"
+              f"view it with:  tensorboard --logdir {loop.run_dir.parent}  (this run: {loop.run_dir.name})")
+
+    def _nonfinite(self) -> int:
+        print(f"error: non-finite loss, parameters or optimizer state at {self.loop.position()}; stopping; "
+              f"{self._kept()}", file=sys.stderr)
+        self._close_logger()
+        return NonFinite.code
+
+    def _kept(self) -> str:
+        run_dir = self.loop.run_dir
+        kept = run_dir / CHECKPOINT if run_dir else None
+        return f"the last good checkpoint is kept at {kept}" if kept and kept.is_file() else "no checkpoint had been written yet"
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def _close_logger(self) -> None:
+        if self.loop.logger is not None:
+            try:
+                self.loop.logger.close()
+            except OSError:
+                pass
+
+    # ----------------------------------------------------------------------------- the command
+    @classmethod
+    def main(cls, module: str, description: str, config: type[T], resumable: Iterable[str],
+             build: Callable[[T], Loop], argv: Sequence[str] | None = None) -> int:
+        """Parse ``argv``, resolve the config, open a fresh, restarted or resumed run and execute it
+        under :class:`GracefulStop`; returns the exit code (config errors propagate as ConfigError).
+        The run directory and a one-line summary of the config are printed before anything runs."""
+        args = parse_cli(build_parser(f"python -m {module}", description, config), argv, ("--config", "--resume"))
+        resolved = resolve_config(config, args, resumable)
+        cfg = resolved.cfg
+        try:
+            with GracefulStop() as stop:
+                loop = build(cfg)
+                if resolved.resume_dir is None:
+                    print(f"run directory: {loop.open_new()}", file=sys.stderr)
+                elif resolved.restart:
+                    print(f"note: {resolved.resume_dir} has no checkpoint (its run stopped before the first one); "
+                          "starting it afresh from its config.yaml", file=sys.stderr)
+                    cfg.run_dir = str(resolved.resume_dir)
+                    loop.open_new()
+                else:
+                    _open_resumed(loop, cfg, resolved.resume_dir)
+                    print(f"resuming {resolved.resume_dir} at {loop.position()}", file=sys.stderr)
+                print(f"config: {loop.describe()}", file=sys.stderr, flush=True)
+                code = cls(module, loop, stop).execute()
+                assert loop.run_dir is not None
+                remove_stale_temp_files(loop.run_dir)
+                return code
+        finally:
+            release_run_dirs()
 
 
-def _open_resumed(runner: Runner, cfg: Any, path: Path) -> None:
-    """Load ``path``'s checkpoint into ``runner``; a checkpoint that does not fit is a one-line
+def _open_resumed(loop: Loop, cfg: Any, path: Path) -> None:
+    """Load ``path``'s checkpoint into ``loop``; a checkpoint that does not fit is a one-line
     error and nothing is written. Then record the (resumable) config and drop stale temp files."""
     try:
-        runner.open_resume(path)
+        loop.open_resume(path)
     except ConfigError:
         raise
     except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as err:
@@ -166,40 +271,3 @@ def _open_resumed(runner: Runner, cfg: Any, path: Path) -> None:
                               f"({type(err).__name__}: {one_line(err, 160)}); nothing was changed") from None
     write_config(cfg, path)
     remove_stale_temp_files(path)
-
-
-def runner_main(
-    module: str, description: str, cls: type[T], resumable: Iterable[str],
-    build: Callable[[T], Runner], argv: Sequence[str] | None = None,
-) -> int:
-    """Parse ``argv``, resolve the config, open a fresh, restarted or resumed run and train it
-    under :class:`GracefulStop`; returns the exit code (config errors propagate as ConfigError).
-    The run directory and a one-line summary of the config are printed before anything runs.
-    A failed write mid-run ends with :func:`end_io_error`."""
-    args = parse_cli(build_parser(f"python -m {module}", description, cls), argv, ("--config", "--resume"))
-    resolved = resolve_config(cls, args, resumable)
-    cfg, runner = resolved.cfg, None
-    try:
-        with GracefulStop() as stop:
-            runner = build(cfg)
-            if resolved.resume_dir is None:
-                print(f"run directory: {runner.open_new()}", file=sys.stderr)
-            elif resolved.restart:
-                print(f"note: {resolved.resume_dir} has no checkpoint (its run stopped before the first one); "
-                      "starting it afresh from its config.yaml", file=sys.stderr)
-                cfg.run_dir = str(resolved.resume_dir)
-                runner.open_new()
-            else:
-                _open_resumed(runner, cfg, resolved.resume_dir)
-                print(f"resuming {resolved.resume_dir} at {runner.position()}", file=sys.stderr)
-            print(f"config: {runner.describe()}", file=sys.stderr, flush=True)
-            code = runner.train(stop)
-            assert runner.run_dir is not None
-            remove_stale_temp_files(runner.run_dir)
-            return code
-    except OSError as err:
-        if runner is None or runner.run_dir is None:
-            raise
-        return end_io_error(runner, err, module)
-    finally:
-        release_run_dirs()
