@@ -9,26 +9,25 @@ exactly ``run_configs/default.yaml``.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from agents import SAC, ActorConfig, CriticConfig, ReplayBuffer, SACConfig
+from agents import SAC, ReplayBuffer
+from agents.config import TrainConfig, run_tag, seed_label
 from agents.probes import DiagnosticsConfig, probe_batch, sac_diagnostics
 from envs import EnvPool, UnknownEnvError, make_env
 from envs.evaluate import eval_env_seed, evaluate
-from sac_spectral.core.config import ConfigError, check, option, section
+from sac_spectral.core.config import ConfigError
 from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.runs.cli import (
-    check_device,
     recorded_config,
     run_cli,
     set_torch_threads,
@@ -39,94 +38,16 @@ from sac_spectral.runs.memory import check_fits, sac_estimate
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 
-DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
 RESUMABLE_KEYS = (
     "total_steps", "eval_every", "eval_episodes", "log_every", "checkpoint_every", "progress", "threads",
     *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
 )
-RESET_CHOICES = ("all", "last_layers")
 #: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
 #: request and checkpoints (every ``PRIMING_CHECKPOINT`` updates) act between chunks
 PRIMING_CHUNK = 1000
 PRIMING_CHECKPOINT = 10_000
 #: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming
 CHECKPOINT_FORMAT = 2
-MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
-
-
-@dataclass
-class ResetConfig:
-    every: int = option(0, "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. 2022: 200000)")
-    what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
-    last_layers: int = option(1, "number of final levels re-drawn by what=last_layers (1 = the output heads)")
-
-    def validate(self) -> None:
-        check(self.every >= 0, "every", f"must be >= 0, got {self.every}")
-        check(self.what in RESET_CHOICES, "what", f"'{self.what}' is not one of {', '.join(RESET_CHOICES)}")
-        check(self.last_layers >= 1, "last_layers", f"must be >= 1, got {self.last_layers}")
-
-
-@dataclass
-class PrimingConfig:
-    transitions: int = option(0, "heavy priming (Nikishin et al. 2022 §3): after this many env steps (0 = off) …")
-    updates: int = option(0, "… run this many updates on the transitions collected so far, then train as usual")
-
-    def validate(self) -> None:
-        check(self.transitions >= 0, "transitions", f"must be >= 0 (0 = no priming), got {self.transitions}")
-        check(self.updates >= 0, "updates", f"must be >= 0, got {self.updates}")
-        check(self.updates == 0 or self.transitions >= 1, "transitions", "must be >= 1 when priming.updates > 0")
-
-
-@dataclass
-class TrainConfig(SACConfig):
-    env: str = option("dmc:cheetah-run", "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
-    seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
-    num_seeds: int = option(1, "independent agents trained together as members of batched networks")
-    total_steps: int = option(100_000, "environment steps")
-    replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
-    batch_size: int = option(256, "transitions per gradient update")
-    buffer_size: int = option(1_000_000, "replay capacity per seed")
-    random_steps: int = option(10_000, "uniform-random warm-up steps before the policy acts and updates start")
-    action_repeat: int = option(1, "env steps per agent action")
-    eval_every: int = option(10_000, "evaluate every N env steps (0 = only at the end)")
-    eval_episodes: int = option(10, "episodes per evaluation")
-    log_every: int = option(1_000, "write training metrics every N env steps")
-    checkpoint_every: int = option(25_000, "checkpoint every N env steps (0 = only at the end)")
-    run_dir: str | None = option(None, "run directory (default: runs/<env>__<tag>__s<seed>__<time>)")
-    device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
-    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start)")
-    progress: bool = option(True, "show a progress bar")
-    resets: ResetConfig = section(ResetConfig)
-    priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
-    diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
-    actor: ActorConfig = section(lambda: ActorConfig(regularizers=list(DEFAULT_REGULARIZERS)), "policy network")
-    critic: CriticConfig = section(lambda: CriticConfig(regularizers=list(DEFAULT_REGULARIZERS)), "Q-networks")
-
-    def validate(self) -> None:
-        super().validate()
-        for key in ("num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("random_steps", "eval_every", "checkpoint_every", "threads"):
-            check(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
-        check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")
-        check(0 <= self.seed and self.seed + self.num_seeds <= MAX_SEED + 1, "seed",
-              f"seeds must lie in [0, {MAX_SEED}]; got seed={self.seed} with num_seeds={self.num_seeds}")
-        check(self.run_dir is None or bool(self.run_dir.strip()), "run_dir",
-              "empty; give a directory, or leave run_dir out for runs/<name>__<time>")
-        check(
-            self.priming.transitions <= min(self.buffer_size, self.total_steps), "priming.transitions",
-            f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
-        )
-        check_device(self.device)
-
-    def updates_by(self, step: int) -> int:
-        """Updates the replay ratio owes after ``step`` env steps (priming updates are extra)."""
-        return math.floor(max(0, step - self.random_steps) * self.replay_ratio + 1e-9)
-
-    @property
-    def total_updates(self) -> int:
-        """Every update of the run: the replay ratio's over ``total_steps`` plus priming's."""
-        return self.updates_by(self.total_steps) + self.priming.updates
 
 
 def check_format(state: dict[str, Any]) -> None:
@@ -136,19 +57,6 @@ def check_format(state: dict[str, Any]) -> None:
             f"its layout is format {state.get('format')!r}, this version reads format {CHECKPOINT_FORMAT} "
             "(format 1 predates the nn.Linear weight layout and the actor's separate heads); start a new run"
         )
-
-
-def seed_label(seeds: Sequence[int]) -> str:
-    """``s3`` for one seed, ``s0-2`` for seeds 0, 1, 2."""
-    return f"s{seeds[0]}" if len(seeds) == 1 else f"s{seeds[0]}-{seeds[-1]}"
-
-
-def run_tag(cfg: TrainConfig) -> str:
-    names = [r["name"] for r in cfg.critic.regularizers + cfg.actor.regularizers]
-    tag = "+".join(dict.fromkeys(names)) or "sac"
-    if cfg.priming.updates:
-        tag += "+primed"
-    return f"{tag}+resets" if cfg.resets.every else tag
 
 
 class Rates:
@@ -195,14 +103,51 @@ def log_training(logger: RunLogger, agent: SAC, info: dict[str, torch.Tensor], s
         raise NonFinite
 
 
-class Trainer:
-    """One RL run: envs, agent, buffer and counters, driven by a :class:`Run`.
+def random_policy(seeds: Sequence[int], act_dim: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Uniform actions in [-1, 1], each seed from its own stream (the baseline of ``random_policy_return``)."""
+    rngs = [np.random.default_rng(derive_seed(s, "random_policy")) for s in seeds]
+    return lambda obs: np.stack([rng.uniform(-1.0, 1.0, act_dim) for rng in rngs])
 
-    :meth:`train` is the loop — act, step the envs, store, learn — and :meth:`schedule` the
-    periodic work after each env step, in this order: logging, diagnostics, evaluation, the reset
-    (so an evaluation at a reset step scores the trained agent, as rl_with_resets does), then a
-    checkpoint.
-    """
+
+def log_diagnostics(logger: RunLogger, agent: SAC, buffer: ReplayBuffer, cfg: TrainConfig, seeds: Sequence[int],
+                    step: int, prefix: str = "") -> dict[str, list[float]]:
+    """Log gradient rank, spectra, features and dormant units on a probe batch of its own (under
+    ``prefix`` + the usual tags); returns the per-seed scalars."""
+    batch, noise = probe_batch(agent, buffer, cfg.diagnostics.batch_size, seeds, agent.num_updates)
+    out: dict[str, list[float]] = {}
+    for net, report in sac_diagnostics(agent, batch, noise, cfg.diagnostics).items():
+        for tag, value in report.scalars.items():
+            per_seed = agent.per_seed(net, value)
+            logger.per_seed(prefix + tag, per_seed, step)
+            out[tag] = per_seed.reshape(-1).tolist()
+        for tag, values in report.histograms.items():
+            logger.histograms(prefix + tag, values.reshape(len(seeds), -1), step)
+    return out
+
+
+def summary(t: Trainer) -> dict[str, Any]:
+    """``summary.json`` of an RL run: final, best and random-policy returns (means and per seed),
+    counts and rates, the evaluation history and the priming diagnostics."""
+    finals = t.evals[-1]["returns"] if t.evals else [float("nan")] * len(t.seeds)
+    best = np.max([e["returns"] for e in t.evals], axis=0).tolist() if t.evals else finals
+    randoms = t.random_return or []
+    return {
+        "env": t.cfg.env, "seeds": t.seeds, "steps": t.step, "updates": t.agent.num_updates,
+        "priming_updates": t.primed, "wall_time_s": t.wall_time,
+        "updates_per_s": t.agent.num_updates / max(t.wall_time, 1e-9),
+        "env_steps_per_s": t.step / max(t.wall_time, 1e-9),
+        "final_eval_return": float(np.mean(finals)), "best_eval_return": float(np.mean(best)),
+        "random_policy_return": float(np.mean(t.random_return or [float("nan")])),
+        "per_seed": [{"seed": s, "final_eval_return": f, "best_eval_return": b, "random_policy_return": r}
+                     for s, f, b, r in zip(t.seeds, finals, best, randoms)],
+        "eval_history": t.evals,
+        "priming": t.priming_report,
+    }
+
+
+class RLRun:
+    """What one RL run holds — envs, agent, buffer, counters, evaluations — and its run directory
+    and checkpoint state (the :class:`~sac_spectral.runs.run.Loop` side that is not the loop)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg, self.threads, self.device = cfg, set_torch_threads(cfg.threads), torch.device(cfg.device)
@@ -247,6 +192,9 @@ class Trainer:
     def describe(self) -> str:
         return describe(self.cfg, self.seeds, self.threads)
 
+    def _priming_due(self) -> bool:
+        return self.step >= self.cfg.priming.transitions and self.primed < self.cfg.priming.updates
+
     # ----------------------------------------------------------------------------- state
     _COUNTERS = ("step", "primed", "diagnosed", "last_reset")
 
@@ -281,11 +229,20 @@ class Trainer:
         what the envs returned and is not checked)."""
         return state_is_finite(self.agent.full_state_dict()) and tensor_is_finite(self.agent.metrics())
 
+class Trainer(RLRun):
+    """The RL loop, driven by a :class:`Run`.
+
+    :meth:`train` is the loop — act, step the envs, store, learn — and :meth:`schedule` the
+    periodic work after each env step, in this order: logging, diagnostics, evaluation, the reset
+    (so an evaluation at a reset step scores the trained agent, as rl_with_resets does), then a
+    checkpoint.
+    """
+
     # ----------------------------------------------------------------------------- the loop
     def train(self, run: Run) -> None:
         """Act, step the envs, store, learn, and the periodic work, until ``total_steps``."""
         if self.random_return is None:
-            self.random_return = self._evaluate(self._random_policy(), "random_policy").tolist()
+            self.random_return = self._evaluate(random_policy(self.seeds, self.pool.act_dim), "random_policy").tolist()
             self.logger.per_seed("eval/random_policy_return", self.random_return, 0)
         self.rates = {"bar": Rates(self.step, self.agent.num_updates), "log": Rates(self.step, self.agent.num_updates)}
         self.bar = run.begin(self.schedule(), self.cfg.total_steps, self.step, "step")
@@ -333,9 +290,6 @@ class Trainer:
             return (self.streams.rand("act", (self.pool.act_dim,)) * 2.0 - 1.0).cpu().numpy()
         return self.agent.act(torch.as_tensor(self.pool.obs, device=self.device)).cpu().numpy()
 
-    def _priming_due(self) -> bool:
-        return self.step >= self.cfg.priming.transitions and self.primed < self.cfg.priming.updates
-
     def _reset_due(self) -> bool:
         every = self.cfg.resets.every
         return bool(every) and self.step > 0 and self.step % every == 0 and self.last_reset < self.step
@@ -352,10 +306,6 @@ class Trainer:
 
     def _policy(self, obs: np.ndarray) -> np.ndarray:
         return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
-
-    def _random_policy(self) -> Callable[[np.ndarray], np.ndarray]:
-        rngs = [np.random.default_rng(derive_seed(s, "random_policy")) for s in self.seeds]
-        return lambda obs: np.stack([rng.uniform(-1.0, 1.0, self.pool.act_dim) for rng in rngs])
 
     def _eval_and_log(self) -> None:
         returns = self._evaluate(self._policy, len(self.evals))
@@ -388,36 +338,12 @@ class Trainer:
         self.diagnosed = self.agent.num_updates
 
     def diagnose(self, prefix: str = "") -> dict[str, list[float]]:
-        """Log gradient rank, spectra, features and dormant units on a probe batch of its own
-        (under ``prefix`` + the usual tags); returns the per-seed scalars."""
-        batch, noise = probe_batch(self.agent, self.buffer, self.cfg.diagnostics.batch_size, self.seeds, self.agent.num_updates)
-        out: dict[str, list[float]] = {}
-        for net, report in sac_diagnostics(self.agent, batch, noise, self.cfg.diagnostics).items():
-            for tag, value in report.scalars.items():
-                per_seed = self.agent.per_seed(net, value)
-                self.logger.per_seed(prefix + tag, per_seed, self.step)
-                out[tag] = per_seed.reshape(-1).tolist()
-            for tag, values in report.histograms.items():
-                self.logger.histograms(prefix + tag, values.reshape(len(self.seeds), -1), self.step)
-        return out
+        """:func:`log_diagnostics` of the agent now."""
+        return log_diagnostics(self.logger, self.agent, self.buffer, self.cfg, self.seeds, self.step, prefix)
 
     # ----------------------------------------------------------------------------- the end
     def summary(self) -> dict[str, Any]:
-        finals = self.evals[-1]["returns"] if self.evals else [float("nan")] * len(self.seeds)
-        best = np.max([e["returns"] for e in self.evals], axis=0).tolist() if self.evals else finals
-        randoms = self.random_return or []
-        return {
-            "env": self.cfg.env, "seeds": self.seeds, "steps": self.step, "updates": self.agent.num_updates,
-            "priming_updates": self.primed, "wall_time_s": self.wall_time,
-            "updates_per_s": self.agent.num_updates / max(self.wall_time, 1e-9),
-            "env_steps_per_s": self.step / max(self.wall_time, 1e-9),
-            "final_eval_return": float(np.mean(finals)), "best_eval_return": float(np.mean(best)),
-            "random_policy_return": float(np.mean(self.random_return or [float("nan")])),
-            "per_seed": [{"seed": s, "final_eval_return": f, "best_eval_return": b, "random_policy_return": r}
-                         for s, f, b, r in zip(self.seeds, finals, best, randoms)],
-            "eval_history": self.evals,
-            "priming": self.priming_report,
-        }
+        return summary(self)
 
     def headline(self, summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
         return (f"done: {summary['steps']} steps, {summary['updates']} updates in {summary['wall_time_s']:.0f} s; "

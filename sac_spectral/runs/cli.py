@@ -21,8 +21,8 @@ import torch
 
 from sac_spectral.core.config import (
     ConfigError,
-    check,
     describe,
+    flatten,
     help_text,
     merge_sources,
     one_line,
@@ -33,7 +33,6 @@ from sac_spectral.core.config import (
 from sac_spectral.core.threads import allowed_cores, choose_threads
 from sac_spectral.runs.checkpoint import NO_SPACE, checkpoint_config
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
-from sac_spectral.core.config import flatten
 from sac_spectral.runs.rundir import is_unstarted_run_dir
 
 T = TypeVar("T")
@@ -170,14 +169,6 @@ def set_torch_threads(requested: int) -> str:
         return f"{threads} thread{plural} (threads=0: {why}; set threads=N to choose)"
     return f"{threads} thread{plural}"
 
-
-def check_device(device: str) -> None:
-    """The ``device`` key of every runner: ``cpu``, or ``cuda[:i]`` where CUDA is available."""
-    check(
-        device == "cpu" or (device.startswith("cuda") and torch.cuda.is_available()),
-        "device",
-        f"'{device}' is not available here; valid: cpu" + (", cuda" if torch.cuda.is_available() else ""),
-    )
 
 
 def describe_os_error(err: OSError) -> str:

@@ -1,0 +1,111 @@
+"""The configuration of an RL run (``python -m sac_spectral.train``): the agent's (:class:`SACConfig`)
+plus the env, the schedule of steps, evaluations, resets, heavy priming, diagnostics and the run's
+own settings. Defaults are exactly ``run_configs/default.yaml``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agents.sac import ActorConfig, CriticConfig, SACConfig
+from agents.probes import DiagnosticsConfig
+from sac_spectral.core.config import check, option, section
+from sac_spectral.core.device import check_device
+
+DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
+
+
+RESET_CHOICES = ("all", "last_layers")
+
+
+MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
+
+
+@dataclass
+class ResetConfig:
+    every: int = option(0, "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. 2022: 200000)")
+    what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
+    last_layers: int = option(1, "number of final levels re-drawn by what=last_layers (1 = the output heads)")
+
+    def validate(self) -> None:
+        check(self.every >= 0, "every", f"must be >= 0, got {self.every}")
+        check(self.what in RESET_CHOICES, "what", f"'{self.what}' is not one of {', '.join(RESET_CHOICES)}")
+        check(self.last_layers >= 1, "last_layers", f"must be >= 1, got {self.last_layers}")
+
+
+@dataclass
+class PrimingConfig:
+    transitions: int = option(0, "heavy priming (Nikishin et al. 2022 §3): after this many env steps (0 = off) …")
+    updates: int = option(0, "… run this many updates on the transitions collected so far, then train as usual")
+
+    def validate(self) -> None:
+        check(self.transitions >= 0, "transitions", f"must be >= 0 (0 = no priming), got {self.transitions}")
+        check(self.updates >= 0, "updates", f"must be >= 0, got {self.updates}")
+        check(self.updates == 0 or self.transitions >= 1, "transitions", "must be >= 1 when priming.updates > 0")
+
+
+@dataclass
+class TrainConfig(SACConfig):
+    env: str = option("dmc:cheetah-run", "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
+    seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
+    num_seeds: int = option(1, "independent agents trained together as members of batched networks")
+    total_steps: int = option(100_000, "environment steps")
+    replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
+    batch_size: int = option(256, "transitions per gradient update")
+    buffer_size: int = option(1_000_000, "replay capacity per seed")
+    random_steps: int = option(10_000, "uniform-random warm-up steps before the policy acts and updates start")
+    action_repeat: int = option(1, "env steps per agent action")
+    eval_every: int = option(10_000, "evaluate every N env steps (0 = only at the end)")
+    eval_episodes: int = option(10, "episodes per evaluation")
+    log_every: int = option(1_000, "write training metrics every N env steps")
+    checkpoint_every: int = option(25_000, "checkpoint every N env steps (0 = only at the end)")
+    run_dir: str | None = option(None, "run directory (default: runs/<env>__<tag>__s<seed>__<time>)")
+    device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
+    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start)")
+    progress: bool = option(True, "show a progress bar")
+    resets: ResetConfig = section(ResetConfig)
+    priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
+    diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
+    actor: ActorConfig = section(lambda: ActorConfig(regularizers=list(DEFAULT_REGULARIZERS)), "policy network")
+    critic: CriticConfig = section(lambda: CriticConfig(regularizers=list(DEFAULT_REGULARIZERS)), "Q-networks")
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every"):
+            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        for key in ("random_steps", "eval_every", "checkpoint_every", "threads"):
+            check(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")
+        check(0 <= self.seed and self.seed + self.num_seeds <= MAX_SEED + 1, "seed",
+              f"seeds must lie in [0, {MAX_SEED}]; got seed={self.seed} with num_seeds={self.num_seeds}")
+        check(self.run_dir is None or bool(self.run_dir.strip()), "run_dir",
+              "empty; give a directory, or leave run_dir out for runs/<name>__<time>")
+        check(
+            self.priming.transitions <= min(self.buffer_size, self.total_steps), "priming.transitions",
+            f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
+        )
+        check_device(self.device)
+
+    def updates_by(self, step: int) -> int:
+        """Updates the replay ratio owes after ``step`` env steps (priming updates are extra)."""
+        return math.floor(max(0, step - self.random_steps) * self.replay_ratio + 1e-9)
+
+    @property
+    def total_updates(self) -> int:
+        """Every update of the run: the replay ratio's over ``total_steps`` plus priming's."""
+        return self.updates_by(self.total_steps) + self.priming.updates
+
+
+def seed_label(seeds: Sequence[int]) -> str:
+    """``s3`` for one seed, ``s0-2`` for seeds 0, 1, 2."""
+    return f"s{seeds[0]}" if len(seeds) == 1 else f"s{seeds[0]}-{seeds[-1]}"
+
+
+def run_tag(cfg: TrainConfig) -> str:
+    names = [r["name"] for r in cfg.critic.regularizers + cfg.actor.regularizers]
+    tag = "+".join(dict.fromkeys(names)) or "sac"
+    if cfg.priming.updates:
+        tag += "+primed"
+    return f"{tag}+resets" if cfg.resets.every else tag
