@@ -68,8 +68,10 @@ def _no_leaks():
 
 
 def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
-    # Ray's own threads belong to the Ray instance of a module fixture, which outlives the test.
-    return [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.name.startswith("ray")]
+    # Process-wide singletons are not leaks: the threads of the Ray instance of a module fixture and
+    # tqdm's one monitor thread (started by the first progress bar, e.g. torch.compile's).
+    return [t for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.name.startswith(("ray", "tqdm_monitor"))]
 
 
 SMALL = [

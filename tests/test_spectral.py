@@ -1,11 +1,11 @@
 import pytest
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
-from sac_spectral.nets import BatchedMLP
+from sac_spectral.core.config import ConfigError
+from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.regularizers import Spectral, build_regularizers
-from sac_spectral.config import ConfigError
 
 
 def _exact_sigmas(model):

@@ -17,8 +17,10 @@ import torch
 import yaml
 
 from sac_spectral import report, sweep
-from sac_spectral.config import ConfigError
-from sac_spectral.runs import CHECKPOINT, load_checkpoint, run_cli
+from sac_spectral.core.config import ConfigError
+from sac_spectral.runs.checkpoint import load_checkpoint
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.train import main as train_main
 
 ray = pytest.importorskip("ray")
@@ -264,7 +266,7 @@ def test_resolved_sweep_file_runs_the_same_trials(killed_and_rerun):
 
 
 def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.config import load_config, merge_sources, to_dict
+    from sac_spectral.core.config import load_config, merge_sources, to_dict
     from sac_spectral.train import TrainConfig
 
     s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/primacy_bias.yaml"), [])
@@ -287,7 +289,7 @@ def test_plasticity_sweep_is_the_readme_table():
 
 
 def test_priming_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.config import load_config, merge_sources, to_dict
+    from sac_spectral.core.config import load_config, merge_sources, to_dict
     from sac_spectral.train import TrainConfig
 
     s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), [])

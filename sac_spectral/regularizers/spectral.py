@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.layers import LayerView, checked_views, view_names
+from sac_spectral.core.layers import LayerView, checked_views, view_names
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
