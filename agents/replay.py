@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-import sac_spectral  # noqa: F401  (first: it sets OpenMP's spin-wait before torch loads libgomp)
 import torch
 from torch import Tensor
 

@@ -19,7 +19,7 @@
   fused Adam (separate parameter groups and learning rates; the two losses touch disjoint
   parameters, so this equals two separate steps).
 - ``precision="bf16"`` runs the networks' matmuls in bf16 on bf16 copies of the weights, re-cast
-  once per optimizer step (:mod:`sac_spectral.precision`); weights, Adam state, log-probabilities,
+  once per optimizer step (:mod:`sac_spectral.core.precision`); weights, Adam state, log-probabilities,
   Q-values, targets and losses stay fp32.
 
 ``num_seeds`` independent agents train together: the actor has ``N`` members, the critic
@@ -33,8 +33,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -42,12 +42,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.replay import ReplayBuffer
-from sac_spectral.config import check, option, section
-from sac_spectral.nets import ACTIVATIONS, INITS, BatchedMLP
-from sac_spectral.precision import Bf16Copies, Bf16Switch
+from sac_spectral.core.config import check, option, section
+from sac_spectral.core.nets import ACTIVATIONS, INITS, BatchedMLP
+from sac_spectral.core.precision import Bf16Copies, Bf16Switch
+from sac_spectral.core.reinit import reset_layers
+from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer, build_regularizers, validate_specs
-from sac_spectral.reinit import reset_layers
-from sac_spectral.seeding import SeedStreams
 
 _LOG2 = math.log(2.0)
 _GAIN = math.sqrt(2.0)  # rl_with_resets' default_init: orthogonal with gain √2

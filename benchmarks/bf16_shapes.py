@@ -5,7 +5,7 @@
 For every linear layer shape of the default agent on cheetah-run (obs 17, action 6; critic input
 23, output 1; actor hidden 256, heads 6 and the 12 of both heads together) and every member count
 (the actor has one member per seed, the critic two), times the three products a layer's forward
-and backward run, as :class:`~sac_spectral.nets.BatchedLinear` forms them: the forward
+and backward run, as :class:`~sac_spectral.core.nets.BatchedLinear` forms them: the forward
 ``baddbmm(b, W, xᵀ)`` ``[M, out, in] × [M, in, B]``, the weight gradient ``[M, out, B] × [M, B, in]``
 and the input gradient ``[M, in, out] × [M, out, B]``. Prints µs per call in fp32 and bf16 and
 their ratio (> 1: bf16 faster), medians of interleaved repeats. Also times the forward without

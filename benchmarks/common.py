@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from agents import SAC, ReplayBuffer, SACConfig
-from sac_spectral.seeding import SeedStreams
+from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT = 17, 6  # DMC cheetah-run
 

@@ -24,10 +24,15 @@ from collections.abc import Callable
 import torch
 
 from agents import SAC, ReplayBuffer, SACConfig
+from agents.probes import (
+    DiagnosticsConfig,
+    critic_td_loss,
+    probe_batch,
+    sac_diagnostics,
+)
+from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import effective_rank, gradient_grams
 from sac_spectral.diagnostics.metrics import singular_values_from_gram
-from sac_spectral.diagnostics.rl import DiagnosticsConfig, critic_td_loss, probe_batch, sac_diagnostics
-from sac_spectral.seeding import SeedStreams
 
 OBS, ACT = 17, 6
 

@@ -19,9 +19,9 @@ import torch
 
 from agents import SAC, ReplayBuffer
 from benchmarks.common import ACT, OBS, sac_config
-from sac_spectral.config import merge_sources
-from sac_spectral.runs import GracefulStop
-from sac_spectral.seeding import SeedStreams
+from sac_spectral.core.config import merge_sources
+from sac_spectral.core.seeding import SeedStreams
+from sac_spectral.runs.run import GracefulStop
 from sac_spectral.train import TrainConfig, Trainer
 
 

@@ -16,6 +16,7 @@ import argparse
 import time
 
 import torch
+
 from agents import SAC
 from benchmarks.common import build, interleaved_medians, sac_config, time_updates
 

@@ -19,15 +19,15 @@ import statistics
 import time
 from collections.abc import Callable
 
-import sac_spectral  # noqa: F401  (before torch: OpenMP settings)
 import numpy as np
 import torch
 from tqdm import tqdm
 
+import sac_spectral  # noqa: F401  (before torch: OpenMP settings)
 from agents import SAC, ReplayBuffer
 from agents.sac import tanh_gaussian
 from envs import EnvPool
-from sac_spectral.seeding import SeedStreams
+from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.train import TrainConfig
 
 

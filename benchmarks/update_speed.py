@@ -18,8 +18,15 @@ import torch
 from torch import nn
 
 from agents import SAC
-from benchmarks.common import ACT, OBS, build, interleaved_medians, sac_config, time_updates
-from sac_spectral.nets import BatchedMLP
+from benchmarks.common import (
+    ACT,
+    OBS,
+    build,
+    interleaved_medians,
+    sac_config,
+    time_updates,
+)
+from sac_spectral.core.nets import BatchedMLP
 
 
 def mlp_flops(net: BatchedMLP, batch: int) -> tuple[int, int]:

@@ -1,6 +1,12 @@
 """Environments: ``make_env`` (DMC via shimmy, gymnasium ids), exact state save/restore, seed pools."""
 
-from envs.make import ActionRepeat, UnknownEnvError, known_env_ids, make_env, resolve_env_id
+from envs.make import (
+    ActionRepeat,
+    UnknownEnvError,
+    known_env_ids,
+    make_env,
+    resolve_env_id,
+)
 from envs.pool import EnvPool, Transition
 from envs.state import get_env_state, set_env_state
 

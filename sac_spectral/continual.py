@@ -20,29 +20,40 @@ from typing import Any
 import numpy as np
 import torch
 
-from sac_spectral.config import ConfigError, check, option, section, to_dict
-from sac_spectral.evals import append_task_evals
-from sac_spectral.logging import RunLogger, state_is_finite
-from sac_spectral.memory import FLOAT32, check_fits, model_size, supervised_estimate
+from sac_spectral.core.config import ConfigError, check, option, section, to_dict
+from sac_spectral.core.seeding import derive_seed
 from sac_spectral.regularizers import build_regularizers, validate_specs
-from sac_spectral.runs import (
-    CHECKPOINT,
+from sac_spectral.runs.checkpoint import save_checkpoint
+from sac_spectral.runs.cli import (
     check_device,
+    recorded_config,
+    run_cli,
+    set_torch_threads,
+)
+from sac_spectral.runs.evals import append_task_evals
+from sac_spectral.runs.layout import CHECKPOINT, SUMMARY_TASKS
+from sac_spectral.runs.logger import RunLogger, state_is_finite
+from sac_spectral.runs.memory import (
+    FLOAT32,
+    check_fits,
+    model_size,
+    supervised_estimate,
+)
+from sac_spectral.runs.run import (
+    GracefulStop,
     end_nonfinite,
     end_stopped,
     finish_run,
-    GracefulStop,
-    open_run_dir,
     progress_bar,
-    recorded_config,
-    reopen_run_dir,
-    run_cli,
     runner_main,
-    save_checkpoint,
-    set_torch_threads,
 )
-from sac_spectral.seeding import derive_seed
-from sac_spectral.supervised.datasets import DATASETS, DataError, SyntheticSpec, load_dataset
+from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
+from sac_spectral.supervised.datasets import (
+    DATASETS,
+    DataError,
+    SyntheticSpec,
+    load_dataset,
+)
 from sac_spectral.supervised.learner import (
     OPTIMIZERS,
     ContinualLearner,
@@ -51,7 +62,14 @@ from sac_spectral.supervised.learner import (
     weight_spectra,
 )
 from sac_spectral.supervised.models import MODELS, NORMS, build_model
-from sac_spectral.supervised.streams import LOSSES, SEQUENCES, STREAMS, ClassificationTask, Stream, Task
+from sac_spectral.supervised.streams import (
+    LOSSES,
+    SEQUENCES,
+    STREAMS,
+    ClassificationTask,
+    Stream,
+    Task,
+)
 
 RESUMABLE_KEYS = ("stream.num_tasks", "log_every", "diagnostics_every", "checkpoint_every", "progress", "threads")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -59,7 +77,6 @@ EVAL_BATCH = 1024
 #: continual runs default to their own root so TensorBoard's HPARAMS tab of ``runs/`` (RL runs)
 #: and of ``runs/continual/`` each show one schema
 CONTINUAL_ROOT = "runs/continual"
-SUMMARY_TASKS = 5
 MAX_SEED = 2**63 - 1  # seeds go through numpy's SeedSequence and torch's 64-bit generators
 MEMORY_HINT = "batch_size, model.width, model.depth or the dataset's size"
 

@@ -21,11 +21,14 @@ from typing import Any
 import torch
 
 from agents import SAC, ReplayBuffer
-from sac_spectral.config import ConfigError, merge_sources, read_yaml
+from agents.probes import probe_batch, sac_diagnostics
+from sac_spectral.core.config import ConfigError, merge_sources, read_yaml
+from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import Report
-from sac_spectral.diagnostics.rl import probe_batch, sac_diagnostics
-from sac_spectral.runs import CHECKPOINT, CONFIG_FILE, CheckpointError, load_checkpoint, one_line, run_cli, write_json
-from sac_spectral.seeding import SeedStreams
+from sac_spectral.core.config import one_line
+from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint, write_json
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
 from sac_spectral.train import TrainConfig, check_format
 
 

@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from sac_spectral.config import ConfigError, yaml_load
-from sac_spectral.continual import SUMMARY_TASKS
-from sac_spectral.evals import read_evals
-from sac_spectral.logging import flatten
-from sac_spectral.runs import CONFIG_FILE, SUMMARY, run_cli
+from sac_spectral.core.config import ConfigError, flatten, yaml_load
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.evals import read_evals
+from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY, SUMMARY_TASKS
 from sac_spectral.sweep import STATUS, SWEEP_FILE, TASK_KEYS
 
 # Keys that do not make two loose runs different methods: bookkeeping, and how long they ran.

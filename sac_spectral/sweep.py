@@ -14,7 +14,6 @@ import fcntl
 import itertools
 import json
 import logging
-import math
 import os
 import re
 import shlex
@@ -35,9 +34,22 @@ import yaml
 from tqdm import tqdm
 
 import sac_spectral
-from sac_spectral.config import ConfigError, check, help_text, merge_sources, option, read_yaml, section, to_dict, yaml_load
-from sac_spectral.logging import flatten
-from sac_spectral.runs import CHECKPOINT, SUMMARY, GracefulStop, parse_cli, run_cli, write_json
+from sac_spectral.core.config import (
+    ConfigError,
+    check,
+    flatten,
+    help_text,
+    merge_sources,
+    option,
+    read_yaml,
+    section,
+    to_dict,
+    yaml_load,
+)
+from sac_spectral.runs.checkpoint import write_json
+from sac_spectral.runs.cli import parse_cli, run_cli
+from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
+from sac_spectral.runs.run import GracefulStop
 
 SWEEP_FILE, BASE_FILE, STATUS, LOGS, LOCK = "sweep.yaml", "base.yaml", "status.json", "logs", ".sweep.lock"
 RUNNERS = {"train": "sac_spectral.train", "continual": "sac_spectral.continual"}
@@ -522,10 +534,9 @@ class CostModel:
 
         from agents import SAC, ReplayBuffer
         from envs import make_env
-        from sac_spectral.seeding import SeedStreams
+        from sac_spectral.core.seeding import SeedStreams
 
-        updates = math.floor(max(0, cfg.total_steps - cfg.random_steps) * cfg.replay_ratio + 1e-9)
-        updates += cfg.priming.updates  # validated: priming happens within total_steps
+        updates = cfg.total_updates
         env = make_env(cfg.env, 0, cfg.action_repeat)
         obs_dim, act_dim = int(env.observation_space.shape[0]), int(env.action_space.shape[0])
         torch.set_num_threads(self.threads)

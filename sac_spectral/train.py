@@ -22,30 +22,31 @@ import torch
 from tqdm import tqdm
 
 from agents import SAC, ActorConfig, CriticConfig, ReplayBuffer, SACConfig
+from agents.probes import DiagnosticsConfig, probe_batch, sac_diagnostics
 from envs import EnvPool, UnknownEnvError, make_env
-from sac_spectral.config import ConfigError, check, option, section
+from sac_spectral.core.config import ConfigError, check, option, section
+from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
-from sac_spectral.diagnostics.rl import DiagnosticsConfig, probe_batch, sac_diagnostics
-from sac_spectral.evals import append_rl_evals
-from sac_spectral.logging import RunLogger, state_is_finite, tensor_is_finite
-from sac_spectral.memory import check_fits, sac_estimate
-from sac_spectral.runs import (
-    CHECKPOINT,
+from sac_spectral.runs.checkpoint import save_checkpoint
+from sac_spectral.runs.cli import (
     check_device,
+    recorded_config,
+    run_cli,
+    set_torch_threads,
+)
+from sac_spectral.runs.evals import append_rl_evals
+from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finite
+from sac_spectral.runs.memory import check_fits, sac_estimate
+from sac_spectral.runs.run import (
+    GracefulStop,
     end_nonfinite,
     end_stopped,
     finish_run,
-    GracefulStop,
-    open_run_dir,
     progress_bar,
-    recorded_config,
-    reopen_run_dir,
-    run_cli,
     runner_main,
-    save_checkpoint,
-    set_torch_threads,
 )
-from sac_spectral.seeding import SeedStreams, derive_seed
+from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
 RESUMABLE_KEYS = (
@@ -126,6 +127,15 @@ class TrainConfig(SACConfig):
             f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
         )
         check_device(self.device)
+
+    def updates_by(self, step: int) -> int:
+        """Updates the replay ratio owes after ``step`` env steps (priming updates are extra)."""
+        return math.floor(max(0, step - self.random_steps) * self.replay_ratio + 1e-9)
+
+    @property
+    def total_updates(self) -> int:
+        """Every update of the run: the replay ratio's over ``total_steps`` plus priming's."""
+        return self.updates_by(self.total_steps) + self.priming.updates
 
 
 def check_format(state: dict[str, Any]) -> None:
@@ -376,10 +386,7 @@ class Trainer:
 
     def _updates_due(self) -> int:
         """Updates owed at this step by the replay ratio (priming updates are extra)."""
-        learned = self.step - self.cfg.random_steps
-        if learned <= 0:
-            return 0
-        return math.floor(learned * self.cfg.replay_ratio + 1e-9) - (self.agent.num_updates - self.primed)
+        return self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
 
     def learn(self, bar: tqdm, stop: GracefulStop) -> int | None:
         """Priming when due, then the updates this step owes; an exit code if the run must stop."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -40,6 +44,34 @@ def _one_thread():
     a subprocess the test starts."""
     torch.set_num_threads(1)
     yield
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    """A test leaves the process as it found it: the same signal handlers (Ray's SIGTERM handler
+    must not outlive the test that started Ray) and no more live threads (every TensorBoard
+    writer, env and pool it opened is closed)."""
+    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    threads = set(threading.enumerate())
+    yield
+    changed = [signal.Signals(s).name for s, h in handlers.items() if signal.getsignal(s) is not h]
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    deadline = time.monotonic() + 5.0
+    while (new := _new_threads(threads)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not changed, f"the test left changed signal handlers: {changed}"
+    assert not new, f"the test left threads running: {sorted(t.name for t in new)}"
+
+
+def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    # Process-wide singletons are not leaks: the threads of the Ray instance of a module fixture and
+    # tqdm's one monitor thread (started by the first progress bar, e.g. torch.compile's).
+    return [t for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.name.startswith(("ray", "tqdm_monitor"))]
 
 
 SMALL = [

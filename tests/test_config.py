@@ -2,7 +2,13 @@ from pathlib import Path
 
 import pytest
 
-from sac_spectral.config import ConfigError, help_text, load_config, merge_sources, to_dict
+from sac_spectral.core.config import (
+    ConfigError,
+    help_text,
+    load_config,
+    merge_sources,
+    to_dict,
+)
 from sac_spectral.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from sac_spectral.config import load_config, merge_sources, to_dict
 from sac_spectral.continual import ContinualConfig, ContinualRunner, main
-from sac_spectral.runs import CHECKPOINT, load_checkpoint, run_cli
+from sac_spectral.core.config import load_config, merge_sources, to_dict
+from sac_spectral.runs.checkpoint import load_checkpoint
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.layout import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["progress=false", "model.width=32", "batch_size=16", "log_every=10", "stream.num_tasks=3",

@@ -9,6 +9,15 @@ import torch
 from torch import nn
 
 from agents import SAC, ReplayBuffer, SACConfig
+from agents.probes import (
+    DiagnosticsConfig,
+    actor_loss,
+    critic_td_loss,
+    probe_batch,
+    sac_diagnostics,
+)
+from sac_spectral.core.nets import BatchedMLP
+from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import (
     as_floats,
     dormant_fraction,
@@ -23,11 +32,14 @@ from sac_spectral.diagnostics import (
     spectrum_summary,
     weight_spectra,
 )
-from sac_spectral.diagnostics.lowrank import TwoLayer, lab_alignments, mse_gradient, spiked_data, top_direction_alignment
+from sac_spectral.diagnostics.lowrank import (
+    TwoLayer,
+    lab_alignments,
+    mse_gradient,
+    spiked_data,
+    top_direction_alignment,
+)
 from sac_spectral.diagnostics.metrics import singular_values_from_gram
-from sac_spectral.diagnostics.rl import DiagnosticsConfig, actor_loss, critic_td_loss, probe_batch, sac_diagnostics
-from sac_spectral.nets import BatchedMLP
-from sac_spectral.seeding import SeedStreams
 from sac_spectral.supervised.models import build_model
 
 
@@ -353,11 +365,13 @@ def test_top_direction_alignment_finds_a_planted_direction_on_either_side():
 def test_training_with_diagnostics_is_identical_logs_the_tags_and_can_be_diagnosed(tmp_path, capsys):
     import json
 
+    from conftest import SMALL
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from conftest import SMALL
     from sac_spectral.diagnose import main as diagnose_main
-    from sac_spectral.runs import CHECKPOINT, load_checkpoint, run_cli
+    from sac_spectral.runs.checkpoint import load_checkpoint
+    from sac_spectral.runs.cli import run_cli
+    from sac_spectral.runs.layout import CHECKPOINT
     from sac_spectral.train import main as train_main
 
     args = [*SMALL, "random_steps=200", "eval_every=0", "log_every=100", "buffer_size=5000", "total_steps=450",

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-
 from conftest import TOY_ID
+
 from envs import EnvPool, UnknownEnvError, make_env
 
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sac_spectral.nets import BatchedMLP
+from sac_spectral.core.nets import BatchedMLP
+from sac_spectral.core.reinit import draw
 from sac_spectral.regularizers import REGISTRY, ReDo, Reset, ShrinkPerturb, SpectralNorm
-from sac_spectral.reinit import draw
 
 
 def _adam_steps(model, x, steps, regs=(), lr=1e-2, seed=0, start=1):

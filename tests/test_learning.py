@@ -3,7 +3,8 @@
 import json
 
 from conftest import SMALL
-from sac_spectral.runs import run_cli
+
+from sac_spectral.runs.cli import run_cli
 from sac_spectral.train import main
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from sac_spectral.layers import layer_views, unsupported_layers
+from sac_spectral.core.layers import layer_views, unsupported_layers
 from sac_spectral.regularizers import Spectral
 from sac_spectral.supervised.models import DeepLinear, SelfAttention, build_model
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from sac_spectral.layers import layer_views
-from sac_spectral.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.core.layers import layer_views
+from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
 
 
 def test_batched_linear_equals_per_member_linear():
@@ -120,8 +120,8 @@ def test_heads_share_the_trunk_and_count_as_outputs():
 
 
 def test_layer_names_count_linear_layers_and_norms_separately():
+    from sac_spectral.core.layers import view_names
     from sac_spectral.diagnostics import layer_sigma_max
-    from sac_spectral.layers import view_names
     from sac_spectral.regularizers import Spectral
 
     net = BatchedMLP(2, 4, [8, 8], (3, 3), layer_norm=True)

@@ -5,10 +5,16 @@ import pytest
 import torch
 from torch import nn
 
-from sac_spectral.config import ConfigError
-from sac_spectral.nets import BatchedMLP
+from sac_spectral.core.config import ConfigError
+from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.regularizers import (
-    REGISTRY, L2, L2Init, Parseval, Spectral, WassersteinInit, build_regularizers,
+    L2,
+    REGISTRY,
+    L2Init,
+    Parseval,
+    Spectral,
+    WassersteinInit,
+    build_regularizers,
 )
 
 MODELS = {

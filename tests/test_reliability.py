@@ -15,13 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import SMALL
-from sac_spectral import continual, diagnose, memory, runs, sweep, train
-from sac_spectral.config import ConfigError, read_yaml
-from sac_spectral.logging import state_is_finite
+
+from sac_spectral import continual, diagnose, sweep, train
+from sac_spectral.runs import checkpoint, cli, memory, rundir
+from sac_spectral.core.config import ConfigError, read_yaml
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.runs import CHECKPOINT, CheckpointError, load_checkpoint, run_cli
+from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.runs.logger import state_is_finite
 from sac_spectral.supervised.datasets import DataError, load_dataset
 from sac_spectral.supervised.learner import ContinualLearner, make_optimizer
 
@@ -259,7 +262,7 @@ def test8_impossible_sizes_are_refused_with_the_estimate_before_the_run_dir(tmp_
 
 def test8_estimates_match_the_allocations_they_count():
     from agents import SAC, ReplayBuffer
-    from sac_spectral.seeding import SeedStreams
+    from sac_spectral.core.seeding import SeedStreams
 
     cfg = train.TrainConfig(num_seeds=2, buffer_size=300, batch_size=8)
     cfg.critic.hidden, cfg.actor.hidden, cfg.diagnostics.every = [16, 8], [12], 0
@@ -338,7 +341,7 @@ def _disk_fills_after(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
         def __exit__(self, *exc):
             self.f.close()
 
-    monkeypatch.setattr(runs.os, "fdopen", lambda fd, mode="r": Full(real_fdopen(fd, mode)))
+    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode="r": Full(real_fdopen(fd, mode)))
 
 
 def test10_disk_full_while_checkpointing_keeps_the_last_checkpoint(rl_run, monkeypatch, capsys):
@@ -350,7 +353,7 @@ def test10_disk_full_while_checkpointing_keeps_the_last_checkpoint(rl_run, monke
     assert err.startswith("error: disk full (No space left on device) writing") and "latest.pt at step 200" in err
     assert f"last good checkpoint is kept at {rl_run / CHECKPOINT}" in err and f"--resume {rl_run}" in err
     assert (rl_run / CHECKPOINT).read_bytes() == good
-    assert runs.stale_temp_files(rl_run) == []
+    assert rundir.stale_temp_files(rl_run) == []
     monkeypatch.undo()
     assert T("--resume", rl_run, "total_steps=200") == 0
 
@@ -487,7 +490,7 @@ def test15_resume_restarts_a_run_killed_before_its_first_checkpoint(finished, tm
     assert T("--resume", rd, "total_steps=120") == 0
     assert "has no checkpoint (its run stopped before the first one); starting it afresh" in capsys.readouterr().err
     assert load_checkpoint(rd / CHECKPOINT)["step"] == 120
-    assert not (rd / "events.out.tfevents.1.host.1.0").exists() and runs.stale_temp_files(rd) == []
+    assert not (rd / "events.out.tfevents.1.host.1.0").exists() and rundir.stale_temp_files(rd) == []
 
 
 def test15_a_fresh_run_may_reuse_an_unstarted_run_dir_but_not_a_started_one(finished, rl_run, tmp_path, capsys):
@@ -527,7 +530,7 @@ def test16_stale_temp_files_are_removed_on_resume(rl_run):
 # ----------------------------------------------------------------------------- 17: overrides anywhere
 def test17_split_overrides_skips_option_values():
     args = ["a=1", "--config", "x=y.yaml", "--methods", "none", "b.c=2", "--seeds", "0", "--out=o", "d=[1, 2]", "pos"]
-    assert runs.split_overrides(args, ("--config",)) == (
+    assert cli.split_overrides(args, ("--config",)) == (
         ["a=1", "b.c=2", "d=[1, 2]"], ["--config", "x=y.yaml", "--methods", "none", "--seeds", "0", "--out=o", "pos"])
 
 

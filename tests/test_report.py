@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import SMALL, TOY_ID
+
 from sac_spectral import report
 from sac_spectral.continual import main as continual_main
-from sac_spectral.evals import RL_COLUMNS, append_rows, read_evals
-from sac_spectral.runs import CHECKPOINT, run_cli
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.runs.evals import RL_COLUMNS, append_rows, read_evals
 from sac_spectral.train import main as train_main
 
 rliable_library = pytest.importorskip("rliable.library")

@@ -5,7 +5,7 @@ import torch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
-from sac_spectral.seeding import SeedStreams
+from sac_spectral.core.seeding import SeedStreams
 
 
 def small_cfg(**kw) -> SACConfig:
@@ -283,7 +283,7 @@ def test_update_losses_are_the_means_of_the_per_example_losses():
 def test_diagnostics_differentiate_the_losses_the_update_minimizes():
     """The gradient-rank closures' per-example losses average to the update's losses on the same
     batch and noise (one definition of SAC's losses)."""
-    from sac_spectral.diagnostics.rl import actor_loss, critic_td_loss
+    from agents.probes import actor_loss, critic_td_loss
 
     agent = make_agent(seeds=(0, 1))
     batch = random_batch(n=2, b=8)

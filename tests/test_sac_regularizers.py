@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents import SAC, ReplayBuffer, SACConfig
-from sac_spectral.nets import ACTIVATIONS, BatchedMLP
-from sac_spectral.config import load_config
+from sac_spectral.core.config import load_config
+from sac_spectral.core.nets import ACTIVATIONS, BatchedMLP
+from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.seeding import SeedStreams
 from sac_spectral.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,8 +17,10 @@ import torch
 import yaml
 
 from sac_spectral import report, sweep
-from sac_spectral.config import ConfigError
-from sac_spectral.runs import CHECKPOINT, load_checkpoint, run_cli
+from sac_spectral.core.config import ConfigError
+from sac_spectral.runs.checkpoint import load_checkpoint
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.train import main as train_main
 
 ray = pytest.importorskip("ray")
@@ -42,7 +44,12 @@ GOOD = ["sac/s0", "sac/s1", "spectral/s0", "spectral/s1"]
 
 @pytest.fixture(scope="module")
 def local_ray():
+    """Ray in this process, leaving its signal handlers as they were (ray.init installs a SIGTERM
+    handler that would turn a later SIGTERM of the test process into SystemExit in any test)."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    for s, h in handlers.items():
+        signal.signal(s, h)
     yield
     ray.shutdown()
 
@@ -259,7 +266,7 @@ def test_resolved_sweep_file_runs_the_same_trials(killed_and_rerun):
 
 
 def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.config import load_config, merge_sources, to_dict
+    from sac_spectral.core.config import load_config, merge_sources, to_dict
     from sac_spectral.train import TrainConfig
 
     s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/primacy_bias.yaml"), [])
@@ -282,7 +289,7 @@ def test_plasticity_sweep_is_the_readme_table():
 
 
 def test_priming_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.config import load_config, merge_sources, to_dict
+    from sac_spectral.core.config import load_config, merge_sources, to_dict
     from sac_spectral.train import TrainConfig
 
     s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), [])

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sac_spectral import threads
+from sac_spectral.core import threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

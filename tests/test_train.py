@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import SMALL
-from sac_spectral.runs import CHECKPOINT, load_checkpoint
+
+from sac_spectral.runs.checkpoint import load_checkpoint
+
+from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.train import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +21,7 @@ FAST = SMALL + ["random_steps=200", "eval_every=600", "log_every=100", "buffer_s
 
 
 def run(args, capsys=None):
-    from sac_spectral.runs import run_cli
+    from sac_spectral.runs.cli import run_cli
 
     return run_cli(main, [str(a) for a in args])
 
@@ -217,7 +219,7 @@ class _StopWhen:
 
 
 def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_path, capsys):
-    from sac_spectral.config import load_config
+    from sac_spectral.core.config import load_config
     from sac_spectral.train import PRIMING_CHUNK, TrainConfig, Trainer
 
     common = FAST + ["random_steps=150", "priming.transitions=150", f"priming.updates={2 * PRIMING_CHUNK + 300}",

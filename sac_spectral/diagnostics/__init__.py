@@ -5,11 +5,16 @@
 - :mod:`~sac_spectral.diagnostics.spectra`: exact weight singular values per layer and member.
 - :mod:`~sac_spectral.diagnostics.features`: feature rank, ReDo dormant scores.
 - :mod:`~sac_spectral.diagnostics.report`: everything for one network as TensorBoard tags.
-- :mod:`~sac_spectral.diagnostics.rl`: SAC loss closures, probe batches, the ``diagnostics`` config.
+- :mod:`~agents.probes`: SAC loss closures, probe batches, the ``diagnostics`` config.
 - :mod:`~sac_spectral.diagnostics.lowrank`: the spiked-covariance low-rank gradient lab.
 """
 
-from sac_spectral.diagnostics.features import dormant_fraction, dormant_scores, feature_spectrum, hidden_activations
+from sac_spectral.diagnostics.features import (
+    dormant_fraction,
+    dormant_scores,
+    feature_spectrum,
+    hidden_activations,
+)
 from sac_spectral.diagnostics.gradients import (
     gradient_grams,
     gradient_matrix,
@@ -24,8 +29,17 @@ from sac_spectral.diagnostics.metrics import (
     spectrum_summary,
     stable_rank,
 )
-from sac_spectral.diagnostics.report import Report, as_floats, model_diagnostics, network_diagnostics
-from sac_spectral.diagnostics.spectra import layer_sigma_max, weight_singular_values, weight_spectra
+from sac_spectral.diagnostics.report import (
+    Report,
+    as_floats,
+    model_diagnostics,
+    network_diagnostics,
+)
+from sac_spectral.diagnostics.spectra import (
+    layer_sigma_max,
+    weight_singular_values,
+    weight_spectra,
+)
 
 __all__ = [
     "Report",

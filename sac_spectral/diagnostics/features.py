@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from sac_spectral.core.nets import Activation, BatchedMLP
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL, spectrum_summary
-from sac_spectral.nets import Activation, BatchedMLP
 
 ACTIVATION_MODULES = (
     Activation, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Mish, nn.ReLU6,
@@ -54,7 +54,7 @@ def feature_spectrum(h: Tensor, rtol: float = DEFAULT_RTOL) -> tuple[Tensor, dic
 def hidden_activations(model: nn.Module, inputs: Tensor) -> list[Tensor]:
     """Post-activation hidden features of ``model`` on ``inputs``, one ``[..., B, F]`` tensor per layer.
 
-    A :class:`~sac_spectral.nets.BatchedMLP` returns its hidden layers directly (``[M, B, F]``). Any
+    A :class:`~sac_spectral.core.nets.BatchedMLP` returns its hidden layers directly (``[M, B, F]``). Any
     other model is run with forward hooks on its activation modules (``nn.ReLU``, ``nn.Tanh``, …;
     functional activations are invisible to hooks); an activation output with more than two axes is
     taken as convolutional, ``[B, C, *spatial]``, and becomes ``[B, C]`` by averaging ``|h|`` over

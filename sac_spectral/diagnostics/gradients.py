@@ -39,10 +39,14 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
-from sac_spectral.diagnostics.metrics import DEFAULT_RTOL, singular_values_from_gram, spectrum_summary
-from sac_spectral.layers import layer_views
-from sac_spectral.nets import BatchedLinear
-from sac_spectral.reinit import member_count, members_view
+from sac_spectral.core.layers import layer_views
+from sac_spectral.core.nets import BatchedLinear
+from sac_spectral.core.reinit import member_count, members_view
+from sac_spectral.diagnostics.metrics import (
+    DEFAULT_RTOL,
+    singular_values_from_gram,
+    spectrum_summary,
+)
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 Method = Literal["auto", "func", "factored"]

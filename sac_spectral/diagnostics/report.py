@@ -5,7 +5,7 @@
 >>> logger.scalars(rep.scalars, step)       # a RunLogger: one tag per value       # doctest: +SKIP
 
 :func:`network_diagnostics` takes any closure ``loss_fn(module, batch) → [..., B]`` instead (see
-:mod:`~sac_spectral.diagnostics.gradients`), e.g. the SAC losses of :mod:`~sac_spectral.diagnostics.rl`.
+:mod:`~sac_spectral.diagnostics.gradients`), e.g. the SAC losses of :mod:`~agents.probes`.
 
 Scalars (each ``[M]``, one value per member; ``<net>`` is ``name``):
 
@@ -29,7 +29,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from sac_spectral.diagnostics.features import dormant_fraction, dormant_scores, feature_spectrum, hidden_activations
+from sac_spectral.diagnostics.features import (
+    dormant_fraction,
+    dormant_scores,
+    feature_spectrum,
+    hidden_activations,
+)
 from sac_spectral.diagnostics.gradients import ALL, LossFn, Method, gradient_spectra
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
 from sac_spectral.diagnostics.spectra import weight_spectra

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from sac_spectral.core.layers import layer_views
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL, spectrum_summary
-from sac_spectral.layers import layer_views
 
 
 @torch.no_grad()

@@ -10,7 +10,12 @@ from sac_spectral.regularizers.l2 import L2
 from sac_spectral.regularizers.l2_init import L2Init
 from sac_spectral.regularizers.parseval import Parseval
 from sac_spectral.regularizers.redo import ReDo
-from sac_spectral.regularizers.registry import REGISTRY, build_regularizers, register, validate_specs
+from sac_spectral.regularizers.registry import (
+    REGISTRY,
+    build_regularizers,
+    register,
+    validate_specs,
+)
 from sac_spectral.regularizers.reset import Reset
 from sac_spectral.regularizers.shrink_perturb import ShrinkPerturb
 from sac_spectral.regularizers.spectral import Spectral

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.seeding import derive_seed
+from sac_spectral.core.seeding import derive_seed
 
 _RNG_KEY = "rng"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.layers import checked_views
+from sac_spectral.core.layers import checked_views
 from sac_spectral.regularizers.base import Regularizer, per_member_sq, pull, require
 from sac_spectral.regularizers.registry import register
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.layers import checked_views, view_names
+from sac_spectral.core.layers import checked_views, view_names
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 

@@ -16,7 +16,7 @@ entries (Adam's ``exp_avg``, ``exp_avg_sq``) is zeroed; Adam's per-tensor ``step
 the whole tensor and stays. Everything else is unchanged bit for bit. Draws come from the
 member's own random stream (checkpointed).
 
-Layer order must be known: a :class:`~sac_spectral.nets.BatchedMLP` or an ``nn.Sequential``
+Layer order must be known: a :class:`~sac_spectral.core.nets.BatchedMLP` or an ``nn.Sequential``
 (nested Sequentials allowed) of linear/conv layers, normalization layers, activations, pooling
 and ``Flatten`` (a conv channel then owns its block of the flattened features).
 
@@ -27,15 +27,16 @@ Defaults: ``tau=0.1`` (RL; Sokar et al. use 0.025 in some settings, PAPERS.md §
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.layers import checked_views
-from sac_spectral.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.core.layers import checked_views
+from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.core.reinit import draw, member_count, member_param, zero_moments
+from sac_spectral.diagnostics.features import normalized_scores
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
-from sac_spectral.diagnostics.features import normalized_scores
-from sac_spectral.reinit import draw, member_count, member_param, zero_moments
 
 _WEIGHTED = (nn.Linear, nn.modules.conv._ConvNd, BatchedLinear)
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, BatchedLayerNorm)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from sac_spectral.config import ConfigError, coerce
+from sac_spectral.core.config import ConfigError, coerce
 from sac_spectral.regularizers.base import Regularizer
 
 REGISTRY: dict[str, type[Regularizer]] = {}

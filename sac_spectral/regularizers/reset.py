@@ -5,7 +5,7 @@ Every ``every`` updates the last ``last`` linear/conv layers (with the normaliza
 them; ``last = 0``: every layer) are re-drawn from their initializers, each member from its own
 random stream (checkpointed), and the optimizer state of their parameters is dropped (Adam's
 moments and step restart). This is the same mechanism as the RL agent's ``resets.*``
-(:func:`sac_spectral.reinit.reset_layers`); the agent's full reset also re-draws targets and α.
+(:func:`sac_spectral.core.reinit.reset_layers`); the agent's full reset also re-draws targets and α.
 
 Defaults: ``every=1000`` updates (ours), ``last=0``, ``seed=0``. Nikishin et al. reset SAC every
 200 k env steps (``resets.every`` in RL configs).
@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.layers import checked_views, layer_tail
+from sac_spectral.core.layers import checked_views, layer_tail
+from sac_spectral.core.reinit import reset_layers
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
-from sac_spectral.reinit import reset_layers
 
 
 @register

@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.layers import checked_views
+from sac_spectral.core.layers import checked_views
+from sac_spectral.core.reinit import draw, member_param
 from sac_spectral.regularizers.base import Regularizer, per_member_sq, require
 from sac_spectral.regularizers.registry import register
-from sac_spectral.reinit import draw, member_param
 
 
 @register

@@ -20,7 +20,8 @@ ops per network whatever its depth, plus writing one gradient per parameter. ``m
 every singular value toward 1 (exact ``torch.linalg.svdvals``, differentiated by autograd;
 ∂σ_j/∂W = u_j v_jᵀ): the deep-linear sequence of PAPERS.md §5 needs all of them, σ_max alone is
 not enough. It costs one batched SVD per layer and update. Conv kernels are reshaped to
-``[out, in·kh·kw]``. The power step gives each member the same bits for any number of members.
+``[out, in·kh·kw]``. Each member's power step is its own; its result equals a single-member
+network's to float rounding (batched products may round differently from a lone one on some CPUs).
 
 Defaults: ``coef=1e-4``, ``k=2``, ``mode="max"``, ``layers="all"`` (the paper regularizes every
 layer; ``"hidden"`` skips the output layer), ``power_iters=1``, ``seed=0`` (initial ``u``).
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.layers import LayerView, checked_views, view_names
+from sac_spectral.core.layers import LayerView, checked_views, view_names
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
@@ -73,10 +74,8 @@ def _power(
     """``iters`` power steps (:func:`_step`); returns ``[σ̂…, ‖tail‖…]`` as ``[K, 1, 1]`` and the
     new ``û``, ``v̂`` of every matrix.
 
-    On the CPU it runs on one thread: each product is then the same kernel call for every matrix
-    whatever the batch size, so a member gets the same bits for any number of members (with
-    several threads a lone matrix-vector product is split across threads and rounds differently
-    from a batch of them); the ops are too small to gain from threads anyway."""
+    On the CPU it runs on one thread: the ops are too small to gain from threads, and the result
+    then does not depend on the process's thread count."""
     threads = torch.get_num_threads()
     single = threads > 1 and (ws or tails)[0].device.type == "cpu"
     if single:
@@ -96,7 +95,7 @@ def _power(
 def power_step(w: Tensor, u: Tensor, v: Tensor, iters: int = 1) -> Tensor:
     """``iters`` in-place power-iteration steps on ``u [M, rows]``, ``v [M, cols]`` for
     ``w [M, rows, cols]``: ``v ← Wᵀu/‖Wᵀu‖``, ``u ← Wv/‖Wv‖``; returns ``σ̂ = ‖W v‖ = uᵀ W v``, ``[M]``.
-    Member ``m``'s result has the same bits for any ``M``."""
+    Member ``m``'s result equals a single-member call's to float rounding."""
     sigma, (u_new,), (v_new,) = _power([w], [u.unsqueeze(1)], iters)
     u.copy_(u_new.squeeze(1))
     v.copy_(v_new.squeeze(1))

@@ -1,9 +1,25 @@
 """Continual supervised learning: datasets, task streams, models and the learner."""
 
-from sac_spectral.supervised.datasets import DATASETS, Dataset, DataError, SyntheticSpec, load_dataset
-from sac_spectral.supervised.learner import ContinualLearner, Probe, make_optimizer, weight_spectra
+from sac_spectral.supervised.datasets import (
+    DATASETS,
+    DataError,
+    Dataset,
+    SyntheticSpec,
+    load_dataset,
+)
+from sac_spectral.supervised.learner import (
+    ContinualLearner,
+    Probe,
+    make_optimizer,
+    weight_spectra,
+)
 from sac_spectral.supervised.models import MODELS, build_model
-from sac_spectral.supervised.streams import STREAMS, ClassificationTask, LinearTargetTask, Stream
+from sac_spectral.supervised.streams import (
+    STREAMS,
+    ClassificationTask,
+    LinearTargetTask,
+    Stream,
+)
 
 __all__ = [
     "DATASETS", "MODELS", "STREAMS", "ClassificationTask", "ContinualLearner", "DataError", "Dataset",

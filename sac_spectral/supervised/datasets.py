@@ -125,7 +125,8 @@ def _digits() -> Dataset:
 def _mnist1d() -> Dataset:
     """The procedural generator with its default arguments; it seeds numpy's and Python's global
     random state, which are restored afterwards."""
-    from mnist1d.data import get_dataset_args, make_dataset as generate
+    from mnist1d.data import get_dataset_args
+    from mnist1d.data import make_dataset as generate
 
     np_state, py_state = np.random.get_state(), random.getstate()
     try:

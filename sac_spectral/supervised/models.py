@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.nets import Activation
+from sac_spectral.core.nets import Activation
 
 MODELS = ("mlp", "cnn", "resnet18", "vit", "deep_linear")
 NORMS = ("none", "layer", "batch")

@@ -34,7 +34,7 @@ from typing import Literal, overload
 import torch
 from torch import Tensor
 
-from sac_spectral.seeding import derive_seed
+from sac_spectral.core.seeding import derive_seed
 from sac_spectral.supervised.datasets import Dataset
 
 STREAMS = ("random_label", "permuted_input", "label_flip", "class_incremental", "deep_linear")

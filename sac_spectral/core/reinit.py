@@ -11,7 +11,7 @@ single-member network driven by the same generator. A member's slice of a member
 parameter has the shape of the plain torch layer's parameter (``BatchedLinear``: ``[out, in]`` and
 ``[out]``), and a plain layer counts as one member, so the code below never asks which kind a layer
 is. Member-batched layers (anything with a ``members`` attribute and a ``draw(generator)`` method,
-e.g. :class:`~sac_spectral.nets.BatchedLinear`) own their initializer; plain torch layers use torch's defaults: ``nn.Linear`` and ``nn.Conv*d``
+e.g. :class:`~sac_spectral.core.nets.BatchedLinear`) own their initializer; plain torch layers use torch's defaults: ``nn.Linear`` and ``nn.Conv*d``
 weight and bias uniform in ``±1/√fan_in`` (what ``reset_parameters`` gives), normalization gain 1
 and shift 0. Draws happen on the CPU and are copied to the parameter's device and dtype.
 """

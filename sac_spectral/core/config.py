@@ -57,6 +57,25 @@ class ConfigError(ValueError):
     """Invalid configuration: a one-line message naming the key and what is allowed."""
 
 
+def one_line(err: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, without torch's advice to load unsafely."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+
+
 def check(condition: bool, key: str, message: str) -> None:
     """Raise :class:`ConfigError` for ``key`` unless ``condition`` holds."""
     if not condition:

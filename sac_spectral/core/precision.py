@@ -2,7 +2,7 @@
 
 Mixed precision as under autocast (bf16 matmuls; fp32 master weights, optimizer state, losses and
 targets), with the weight casts paid once per optimizer step instead of at every use: each
-:class:`~sac_spectral.nets.BatchedLinear` gets a bf16 copy of its weight and bias, which its
+:class:`~sac_spectral.core.nets.BatchedLinear` gets a bf16 copy of its weight and bias, which its
 forward uses while the shared :class:`Bf16Switch` is on. Gradients land on the copies in bf16, as
 autocast's matmul backward produces them, and :meth:`Bf16Copies.collect_grads` adds them to the
 masters' fp32 gradients (where a regularizer's penalty has put its own) before the optimizer
@@ -19,7 +19,7 @@ from types import TracebackType
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.nets import BatchedLinear
+from sac_spectral.core.nets import BatchedLinear
 
 
 class Bf16Switch:

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.config import check, option
+from sac_spectral.core.config import check, option
+from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics.gradients import METHODS, LossFn
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
 from sac_spectral.diagnostics.report import Report, network_diagnostics
-from sac_spectral.seeding import derive_seed
 
 if TYPE_CHECKING:
     from agents.replay import ReplayBuffer

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.reinit import per_member, reinitialize
+from sac_spectral.core.reinit import per_member, reinitialize
 
 INITS = ("orthogonal", "torch")
 
@@ -70,7 +70,7 @@ class BatchedLinear(nn.Module):
     are exactly an ``nn.Linear``'s parameters. ``init="orthogonal"``: each member's matrix is
     orthogonal with ``gain`` (jaxrl/rl_with_resets lineage) and biases are zero.
     ``init="torch"``: weight and bias uniform in ``±1/sqrt(in)``, exactly as ``nn.Linear``'s default.
-    ``low``: bf16 copies ``(weight, bias, switch)`` from :mod:`sac_spectral.precision`, used (with the
+    ``low``: bf16 copies ``(weight, bias, switch)`` from :mod:`sac_spectral.core.precision`, used (with the
     input cast to bf16) while ``switch.on``; an input of another dtype than the weight is cast to it.
 
     The product is formed feature-major, ``y[m] = (weight[m] · x[m]ᵀ + bias[m])ᵀ``, and returned as

@@ -6,22 +6,21 @@ storage with the parameters and are differentiable, so a penalty computed on the
 parameters' gradients.
 
 - ``nn.Linear``: weight ``[out, in]`` → ``[1, out, in]`` (a plain layer is one member).
-- :class:`~sac_spectral.nets.BatchedLinear`: weight ``[M, out, in]`` as stored.
+- :class:`~sac_spectral.core.nets.BatchedLinear`: weight ``[M, out, in]`` as stored.
 - ``nn.Conv1d/2d/3d``: kernel ``[out, in, *k]`` reshaped to ``[1, out, in·∏k]``.
-- ``nn.LayerNorm`` / :class:`~sac_spectral.nets.BatchedLayerNorm`: ``kind="norm"``, gain and shift.
+- ``nn.LayerNorm`` / :class:`~sac_spectral.core.nets.BatchedLayerNorm`: ``kind="norm"``, gain and shift.
 """
 
 from __future__ import annotations
 
 import warnings
-
 from dataclasses import dataclass
 from typing import Literal
 
 from torch import Tensor, nn
 
-from sac_spectral.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
-from sac_spectral.reinit import member_count, members_view
+from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.core.reinit import member_count, members_view
 
 Kind = Literal["linear", "conv", "norm"]
 LAYER_CHOICES = ("all", "hidden")
@@ -78,7 +77,7 @@ def layer_views(module: nn.Module, layers: str = "all") -> list[LayerView]:
     """Views of every parameterized layer of ``module`` in registration order.
 
     ``layers="hidden"`` drops the output layers: those ``module.output_layers()`` lists (a
-    :class:`~sac_spectral.nets.BatchedMLP`'s heads), otherwise the last linear or conv layer.
+    :class:`~sac_spectral.core.nets.BatchedMLP`'s heads), otherwise the last linear or conv layer.
     """
     if layers not in LAYER_CHOICES:
         raise ValueError(f"layers must be one of {', '.join(LAYER_CHOICES)}, got '{layers}'")
@@ -137,7 +136,7 @@ def checked_views(module: nn.Module, layers: str, method: str) -> list[LayerView
 
 def layer_tail(module: nn.Module, last: int | None = None) -> list[nn.Module]:
     """The modules of the last ``last`` linear/conv layers and the normalization layers after them
-    (every layer if ``None``). :class:`~sac_spectral.nets.BatchedMLP` knows its order; other modules
+    (every layer if ``None``). :class:`~sac_spectral.core.nets.BatchedMLP` knows its order; other modules
     are taken in registration order."""
     if isinstance(module, BatchedMLP):
         return module.tail(last)

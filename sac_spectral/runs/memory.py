@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sac_spectral.config import ConfigError
+from sac_spectral.core.config import ConfigError
 
 FLOAT32 = 4
 #: tensors per trainable parameter while training with Adam: the value, its gradient, two moments

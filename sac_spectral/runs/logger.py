@@ -81,16 +81,6 @@ class RunLogger:
         self.writer.close()
 
 
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
 
 def tensor_is_finite(values: Mapping[str, Tensor]) -> bool:
     """True if every tensor in ``values`` is finite (one host sync)."""
