@@ -1,4 +1,5 @@
-"""The README's Python snippets run as pasted (each in a fresh namespace, in a scratch directory)."""
+"""The Python snippets of README.md and of every docs/*.md page run as pasted (each in a fresh
+namespace, in a scratch directory). Blocks fenced as ```python run; illustrations use another fence."""
 
 import re
 from pathlib import Path
@@ -7,20 +8,26 @@ import pytest
 
 from sac_spectral.regularizers.registry import REGISTRY
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [
+    (f"{page.relative_to(ROOT).as_posix()} python block {i + 1}", code)
+    for page in PAGES
+    for i, code in enumerate(re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.S | re.M))
+]
 
 
-def test_the_readme_has_python_snippets():
+def test_the_readme_and_docs_have_python_snippets():
     assert len(BLOCKS) >= 5
+    assert any(name.startswith("README.md") for name, _ in BLOCKS)
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_snippet_runs(index, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, code", BLOCKS, ids=[name for name, _ in BLOCKS])
+def test_snippet_runs(name, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     registered = dict(REGISTRY)
     try:
-        exec(compile(BLOCKS[index], f"README.md python block {index + 1}", "exec"), {"__name__": "readme"})
+        exec(compile(code, name, "exec"), {"__name__": "readme"})
     finally:
         REGISTRY.clear()
         REGISTRY.update(registered)  # a snippet that registers an example method leaves no trace
