@@ -117,6 +117,8 @@ def log_diagnostics(logger: RunLogger, agent: SAC, buffer: ReplayBuffer, cfg: Tr
     out: dict[str, list[float]] = {}
     for net, report in sac_diagnostics(agent, batch, noise, cfg.diagnostics).items():
         for tag, value in report.scalars.items():
+            if step % cfg.log_every == 0 and tag.startswith("spectral/") and tag.endswith("/sigma_max"):
+                continue  # logged with the training metrics at this step (one point per step)
             per_seed = agent.per_seed(net, value)
             logger.per_seed(prefix + tag, per_seed, step)
             out[tag] = per_seed.reshape(-1).tolist()
@@ -125,11 +127,18 @@ def log_diagnostics(logger: RunLogger, agent: SAC, buffer: ReplayBuffer, cfg: Tr
     return out
 
 
+def _trained(evaluation: dict[str, Any], cfg: TrainConfig) -> bool:
+    """Whether an evaluation scored an agent after its first update (``evals.csv``'s ``updates``
+    column marks the others with 0)."""
+    return evaluation.get("updates", int(evaluation["step"] > cfg.random_steps)) > 0
+
+
 def summary(t: Trainer) -> dict[str, Any]:
     """``summary.json`` of an RL run: final, best and random-policy returns (means and per seed),
     counts and rates, the evaluation history and the priming diagnostics."""
     finals = t.evals[-1]["returns"] if t.evals else [float("nan")] * len(t.seeds)
-    best = np.max([e["returns"] for e in t.evals], axis=0).tolist() if t.evals else finals
+    trained = [e["returns"] for e in t.evals if _trained(e, t.cfg)]  # evaluations during warm-up don't count
+    best = np.max(trained, axis=0).tolist() if trained else finals
     randoms = t.random_return or []
     return {
         "env": t.cfg.env, "seeds": t.seeds, "steps": t.step, "updates": t.agent.num_updates,
@@ -309,7 +318,7 @@ class Trainer(RLRun):
 
     def _eval_and_log(self) -> None:
         returns = self._evaluate(self._policy, len(self.evals))
-        self.evals.append({"step": self.step, "returns": returns.tolist()})
+        self.evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist()})
         append_rl_evals(self.logger.run_dir, self.step, self.agent.num_updates, self.seeds, returns,
                         self.cfg.eval_episodes, self.wall_time)
         self.logger.per_seed("eval/return", returns.tolist(), self.step)

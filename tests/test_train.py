@@ -267,3 +267,35 @@ def test_a_checkpoint_of_the_old_layout_is_refused_in_one_line(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"error: checkpoint {rd / CHECKPOINT}") and "its layout is format 1" in err
     assert "start a new run" in err and "nothing was changed" in err
+
+
+def test_best_eval_return_counts_only_evaluations_after_the_first_update(tmp_path):
+    rd = tmp_path / "run"
+    assert run(FAST + ["total_steps=400", "eval_every=100", f"run_dir={rd}"]) == 0
+    summary = json.loads((rd / "summary.json").read_text())
+    history = summary["eval_history"]
+    assert [e["updates"] for e in history] == [0, 0, 100, 200]  # warm-up evaluations stay on the curve
+    assert summary["best_eval_return"] == max(e["returns"][0] for e in history if e["updates"] > 0)
+
+
+def test_sigma_max_has_one_point_per_step_also_where_diagnostics_run(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rd = tmp_path / "run"
+    assert run(FAST + ["total_steps=400", "diagnostics.every=100", "diagnostics.batch_size=16", f"run_dir={rd}"]) == 0
+    events = EventAccumulator(str(rd), size_guidance={"scalars": 0}).Reload()
+    tags = [t for t in events.Tags()["scalars"] if t.startswith("spectral/") and t.endswith("/sigma_max")]
+    assert tags
+    for tag in tags:
+        steps = [e.step for e in events.Scalars(tag)]
+        assert len(steps) == len(set(steps)), tag
+
+
+def test_without_a_terminal_progress_is_a_plain_line_per_twentieth(tmp_path):
+    rd = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "sac_spectral.train", *FAST, "progress=true", "total_steps=400",
+                           f"run_dir={rd}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
+    assert len(lines) == 20 and lines[-1].startswith("step 400/400 (100%)")
+    assert "\r" not in proc.stderr  # no progress bar redraws in a log file

@@ -29,6 +29,13 @@ from sac_spectral.runs.logger import RunLogger
 from sac_spectral.runs.rundir import release_run_dirs, remove_stale_temp_files, write_config
 
 
+#: the progress bar without tqdm's time-left estimate: its rate over the steps done so far says
+#: nothing of the work left (a warm-up step costs far less than a step with updates)
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+#: progress lines a run prints when stderr is not a terminal (a log file, a cluster job)
+PLAIN_LINES = 20
+
+
 class RunEnd(Exception):
     """A run that ends before it is done; ``code`` is the process's exit code."""
 
@@ -121,14 +128,18 @@ class Run:
         self.module, self.loop, self.stop = module, loop, stop
         self.schedule = Schedule()
         self.bar: tqdm | None = None
+        self.total, self.unit, self.plain_every = 0, "step", 0
         self._start = time.perf_counter()
 
     def begin(self, schedule: Schedule, total: int, initial: int, unit: str) -> tqdm:
         """Start the clock (continuing the loop's ``wall_time``) and the progress bar (off with
         ``progress=false``) and take the loop's schedule."""
-        self.schedule = schedule
+        self.schedule, self.total, self.unit = schedule, total, unit
         self._start = time.perf_counter() - self.loop.wall_time
-        self.bar = tqdm(total=total, initial=initial, unit=unit, disable=not self.loop.cfg.progress, dynamic_ncols=True)
+        show = bool(self.loop.cfg.progress)
+        self.plain_every = max(1, total // PLAIN_LINES) if show and not sys.stderr.isatty() else 0
+        self.bar = tqdm(total=total, initial=initial, unit=unit, disable=not show or bool(self.plain_every),
+                        dynamic_ncols=True, bar_format=BAR_FORMAT)
         return self.bar
 
     def tick(self) -> None:
@@ -149,6 +160,10 @@ class Run:
         if self.bar is not None:
             self.bar.update(1)
         self.tick()
+        if self.plain_every and (position % self.plain_every == 0 or position == self.total):
+            metrics = " ".join(f"{k}={v}" for k, v in getattr(self.loop, "postfix", {}).items())
+            print(f"{self.unit} {position}/{self.total} ({100 * position / self.total:.0f}%) "
+                  f"{self.loop.wall_time:.0f} s {metrics}".rstrip(), file=sys.stderr, flush=True)
         self.check_stop()
         if self.schedule.checkpoint(position):
             self.checkpoint()
