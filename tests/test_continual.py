@@ -208,6 +208,7 @@ def test_help_lists_keys(capsys):
         assert key in out
 
 
+@pytest.mark.slow
 def test_the_default_stream_shows_loss_of_trainability_and_spectral_sustains_it(tmp_path):
     """The shipped default (random labels on 512 digits, 400 Adam updates per task), cut to 20
     tasks: Adam alone falls to near chance, spectral regularization keeps memorizing. Measured

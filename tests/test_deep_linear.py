@@ -62,6 +62,7 @@ def test_near_identity_target_is_learned_with_layers_near_isometric():
     assert float(s_phi.min()) ** 0.1 - 5e-3 < lo and hi < float(s_phi.max()) ** 0.1 + 5e-3
 
 
+@pytest.mark.slow
 def test_spd_target_is_learned_with_equal_symmetric_layers():
     """Φ = Q diag(0.2, 0.5, 2, 5) Qᵀ, η = 1/(L(1 + ‖Φ‖²)): the layers stay equal and symmetric and
     each converges to Φ^{1/L}."""

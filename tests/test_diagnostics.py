@@ -362,6 +362,7 @@ def test_top_direction_alignment_finds_a_planted_direction_on_either_side():
 # --------------------------------------------------------------------------------- runner and CLI
 
 
+@pytest.mark.slow
 def test_training_with_diagnostics_is_identical_logs_the_tags_and_can_be_diagnosed(tmp_path, capsys):
     import json
 

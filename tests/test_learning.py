@@ -2,12 +2,15 @@
 
 import json
 
+import pytest
+
 from conftest import SMALL
 
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.train import main
 
 
+@pytest.mark.slow
 def test_spectral_sac_solves_pendulum_well_above_random(tmp_path):
     rd = tmp_path / "pendulum"
     args = [*SMALL, "env=Pendulum-v1", "actor.hidden=[128, 128]", "critic.hidden=[128, 128]", "batch_size=256",

@@ -1,6 +1,7 @@
 import copy
 import math
 
+import pytest
 import torch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
@@ -239,6 +240,7 @@ def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
     torch.testing.assert_close(agent.act(obs, deterministic=True), expected, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_compiled_update_matches_eager():
     ref, _ = _train_copy(small_cfg())
     comp, _ = _train_copy(small_cfg(compile=True))

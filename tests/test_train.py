@@ -104,6 +104,7 @@ EVERY_METHOD = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [
@@ -179,6 +180,7 @@ def test_seed_of_a_multi_seed_run_matches_its_single_seed_run(tmp_path):
     assert sa["per_seed"][1]["random_policy_return"] == sb["per_seed"][0]["random_policy_return"]
 
 
+@pytest.mark.slow
 def test_evaluation_at_a_reset_step_scores_the_trained_agent_also_across_a_resume(tmp_path):
     """rl_with_resets evaluates first, then resets: the evaluation at step 400 of a run that
     resets at 400 equals the final evaluation of the same run stopped at 400 (a trained agent,
@@ -218,6 +220,7 @@ class _StopWhen:
         return signal.SIGINT if self.condition() else None
 
 
+@pytest.mark.slow
 def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_path, capsys):
     from sac_spectral.core.config import load_config
     from sac_spectral.runs.run import Run
