@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -99,16 +100,30 @@ def compute_statistics(al: Aligned, kind: str, baseline: str, reps: int, seed: i
             "task_mean": task_mean}
 
 
+def _digits(*values: float) -> list[str]:
+    """The values with 3 significant digits, or more (up to 6) where that tells unequal values apart."""
+    for digits in range(3, 7):
+        texts = [f"{v:.{digits}g}" for v in values]
+        if len(set(texts)) == len(set(values)):
+            break
+    return texts
+
+
 def _ci(point: float, lo: float, hi: float, one_seed: bool) -> str:
-    return f"{point:.3f}" if one_seed else f"{point:.3f} [{lo:.3f}, {hi:.3f}]"
+    if one_seed:
+        return _digits(point)[0]
+    p, a, b = _digits(point, lo, hi)
+    return f"{p} [{a}, {b}]"
 
 
-def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, baseline: str, pngs: list[str],
-                 reps: int, sources: Sequence[str]) -> dict[str, Any]:
-    kind, normalized = study.kind, study.normalized
-    one_seed = all(len(s) == 1 for s in al.seeds.values())
-    score = ("return / 1000 (DMC)" if normalized else "return (not normalized: a non-DMC task)") if kind == "train" \
-        else "end-of-task training accuracy"
+def _score_name(study: Study) -> str:
+    if study.kind != "train":
+        return "end-of-task training accuracy"
+    return "return / 1000 (DMC)" if study.normalized else "return (not normalized: a non-DMC task)"
+
+
+def _header(study: Study, al: Aligned, reps: int, sources: Sequence[str], cautions: list[str]) -> list[str]:
+    kind, score = study.kind, _score_name(study)
     final_at = (f"step {al.x[-1]:g}" if kind == "train"
                 else f"the mean over the last {min(SUMMARY_TASKS, len(al.x))} tasks up to task {al.x[-1]:g}")
     lines = [
@@ -121,14 +136,17 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
         f"Statistics: rliable, {reps} bootstrap resamples, 95 % stratified-bootstrap confidence intervals over "
         "runs within each task.",
     ]
-    if one_seed:
+    if all(len(s) == 1 for s in al.seeds.values()):
         lines.append("\n**One seed per task: no confidence intervals** (the bootstrap has nothing to resample).")
-    lines += ["", "## Aggregate final scores", ""]
-    metrics = list(METRICS) if normalized else list(METRICS[:3])
-    lines.append("| method | " + " | ".join(metrics) + " | tasks | seeds per task |")
-    lines.append("|---" * (len(metrics) + 3) + "|")
-    data: dict[str, Any] = {"kind": kind, "score": score, "tasks": al.tasks, "final_x": float(al.x[-1]),
-                            "reps": reps, "baseline": baseline, "methods": {}}
+    if cautions:
+        lines += ["", "## Warnings", "", *(f"- **{w}**" for w in cautions)]
+    return lines
+
+
+def _aggregate_section(al: Aligned, st: dict[str, Any], metrics: list[str], one_seed: bool,
+                       data: dict[str, Any]) -> list[str]:
+    lines = ["", "## Aggregate final scores", "", "| method | " + " | ".join(metrics) + " | tasks | seeds per task |",
+             "|---" * (len(metrics) + 3) + "|"]
     for m in al.methods:
         p, c = st["point"][m], st["ci"][m]
         cells = [_ci(p[i], c[0, i], c[1, i], one_seed) for i in range(len(metrics))]
@@ -139,63 +157,109 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
             "iqm_curve": {"x": al.x.tolist(), "point": st["curve_point"][m].tolist(),
                           "lo": st["curve_ci"][m][0].tolist(), "hi": st["curve_ci"][m][1].tolist()},
         }
-    if st["poi_point"]:
-        lines += ["", f"## Probability of improvement over `{baseline}`", "",
-                  f"P(X > {baseline}): the probability that a run of X on a task scores higher than a run of "
-                  f"{baseline} on the same task, averaged over tasks.", "",
-                  "| method X | P(X > baseline) |", "|---|---|"]
-        data["probability_of_improvement"] = {}
-        for pair, p in st["poi_point"].items():
-            m = pair.split(PAIR)[0]
-            lo, hi = np.ravel(st["poi_ci"][pair])
-            lines.append(f"| {m} | {_ci(float(p), lo, hi, one_seed)} |")
-            data["probability_of_improvement"][m] = [float(p), float(lo), float(hi)]
-    lines += ["", "## Final score per task (mean ± std over seeds)", "",
-              "| method | " + " | ".join(al.tasks) + " |", "|---" * (len(al.tasks) + 1) + "|"]
+    return lines
+
+
+def _improvement_section(st: dict[str, Any], baseline: str, one_seed: bool, data: dict[str, Any]) -> list[str]:
+    if not st["poi_point"]:
+        return []
+    lines = ["", f"## Probability of improvement over `{baseline}`", "",
+             f"P(X > {baseline}): the probability that a run of X on a task scores higher than a run of "
+             f"{baseline} on the same task, averaged over tasks.", "",
+             "| method X | P(X > baseline) |", "|---|---|"]
+    data["probability_of_improvement"] = {}
+    for pair, p in st["poi_point"].items():
+        m = pair.split(PAIR)[0]
+        lo, hi = np.ravel(st["poi_ci"][pair])
+        lines.append(f"| {m} | {_ci(float(p), lo, hi, one_seed)} |")
+        data["probability_of_improvement"][m] = [float(p), float(lo), float(hi)]
+    return lines
+
+
+def _per_task_section(al: Aligned, st: dict[str, Any]) -> list[str]:
+    lines = ["", "## Final score per task (mean ± std over seeds)", "",
+             "| method | " + " | ".join(al.tasks) + " |", "|---" * (len(al.tasks) + 1) + "|"]
     for m in al.methods:
         f = st["final"][m]
-        lines.append(f"| {m} | " + " | ".join(f"{f[:, j].mean():.3f} ± {f[:, j].std(ddof=1) if len(f) > 1 else 0:.3f}"
-                                               for j in range(len(al.tasks))) + " |")
-    if kind == "continual":
-        n = SUMMARY_TASKS
-        lines += ["", f"## First {n} and last {n} tasks (mean ± std over seeds and tasks)", "",
-                  f"| method | train acc, first {n} | train acc, last {n} | test acc, first {n} | test acc, last {n} |",
-                  "|---|---|---|---|---|"]
-        data["first_last"] = {}
-        for m in al.methods:
-            row = {}
-            for split, arrays in (("train", al.scores), ("test", al.test)):
-                for part, sl in (("first", slice(0, n)), ("last", slice(-n, None))):
-                    per_run = np.nanmean(arrays[m][..., sl], axis=-1).ravel() if np.isfinite(arrays[m]).any() else None
-                    row[f"{split}_{part}"] = None if per_run is None else [float(per_run.mean()), float(per_run.std(ddof=1) if len(per_run) > 1 else 0.0)]
-            cells = ["—" if v is None else f"{v[0]:.3f} ± {v[1]:.3f}" for v in row.values()]
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
-            data["first_last"][m] = row
+        lines.append(f"| {m} | " + " | ".join(_mean_sd(f[:, j]) for j in range(len(al.tasks))) + " |")
+    return lines
+
+
+def _mean_sd(values: np.ndarray) -> str:
+    return " ± ".join(_digits(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0))
+
+
+def _first_last_section(al: Aligned, data: dict[str, Any]) -> list[str]:
+    n = SUMMARY_TASKS
+    lines = ["", f"## First {n} and last {n} tasks (mean ± std over seeds and tasks)", "",
+             f"| method | train acc, first {n} | train acc, last {n} | test acc, first {n} | test acc, last {n} |",
+             "|---|---|---|---|---|"]
+    data["first_last"] = {}
+    for m in al.methods:
+        row: dict[str, Any] = {}
+        for split, arrays in (("train", al.scores), ("test", al.test)):
+            for part, sl in (("first", slice(0, n)), ("last", slice(-n, None))):
+                per_run = np.nanmean(arrays[m][..., sl], axis=-1).ravel() if np.isfinite(arrays[m]).any() else None
+                row[f"{split}_{part}"] = None if per_run is None else \
+                    [float(per_run.mean()), float(per_run.std(ddof=1) if len(per_run) > 1 else 0.0)]
+        cells = ["—" if v is None else " ± ".join(_digits(*v)) for v in row.values()]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        data["first_last"][m] = row
+    return lines
+
+
+def _priming_section(study: Study, data: dict[str, Any]) -> list[str]:
     primed = priming_diagnostics(study)
-    if primed:
-        keys = list(dict.fromkeys(k for d in primed.values() for k in d))
-        lines += ["", "## Heavy priming: diagnostics before → after the priming updates (mean over seeds)", "",
-                  "| method | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
-        for m, d in primed.items():
-            cells = [f"{np.mean(d[k][0]):.3g} → {np.mean(d[k][1]):.3g}" if k in d else "—" for k in keys]
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
-        data["priming"] = primed
+    if not primed:
+        return []
+    keys = list(dict.fromkeys(k for d in primed.values() for k in d))
+    lines = ["", "## Heavy priming: diagnostics before → after the priming updates (mean over seeds)", "",
+             "| method | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for m, d in primed.items():
+        cells = [f"{np.mean(d[k][0]):.3g} → {np.mean(d[k][1]):.3g}" if k in d else "—" for k in keys]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    data["priming"] = primed
+    return lines
+
+
+CAPTIONS = {
+    "iqm_curves.png": "IQM of the score over training (all tasks × seeds) with 95 % CI bands",
+    "per_task_curves.png": "each task: mean over seeds with 95 % bootstrap CI",
+    "final_scores.png": "final median, IQM, mean (and optimality gap) with 95 % CIs; the bar is the CI, the tick the point estimate",
+    "probability_of_improvement.png": "P(X > {baseline}) with 95 % CIs; right of 0.5 = X tends to beat the baseline",
+    "performance_profile.png": "fraction of runs whose final score exceeds τ, with 95 % CI bands; a curve above another dominates it",
+    "accuracy_per_task.png": "end-of-task train (and test) accuracy by task index, mean ± std over seeds",
+}
+
+
+def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, baseline: str, pngs: list[str],
+                 reps: int, sources: Sequence[str], cautions: list[str]) -> dict[str, Any]:
+    """Write ``report.md`` and ``report.json``; returns what ``report.json`` holds."""
+    one_seed = all(len(s) == 1 for s in al.seeds.values())
+    metrics = list(METRICS) if study.normalized else list(METRICS[:3])
+    data: dict[str, Any] = {"kind": study.kind, "score": _score_name(study), "tasks": al.tasks,
+                            "final_x": float(al.x[-1]), "reps": reps, "baseline": baseline, "methods": {},
+                            "warnings": cautions}
+    lines = _header(study, al, reps, sources, cautions)
+    lines += _aggregate_section(al, st, metrics, one_seed, data)
+    lines += _improvement_section(st, baseline, one_seed, data)
+    lines += _per_task_section(al, st)
+    if study.kind == "continual":
+        lines += _first_last_section(al, data)
+    lines += _priming_section(study, data)
     lines += ["", "## What was cut or missing", ""]
     lines += [f"- {note}" for note in al.notes + study.missing] or ["- nothing"]
     lines += ["", "## Figures", ""]
-    captions = {
-        "iqm_curves.png": "IQM of the score over training (all tasks × seeds) with 95 % CI bands",
-        "per_task_curves.png": "each task: mean over seeds with 95 % bootstrap CI",
-        "final_scores.png": "final median, IQM, mean (and optimality gap) with 95 % CIs; the bar is the CI, the tick the point estimate",
-        "probability_of_improvement.png": f"P(X > {baseline}) with 95 % CIs; right of 0.5 = X tends to beat the baseline",
-        "performance_profile.png": "fraction of runs whose final score exceeds τ; a curve above another dominates it",
-        "accuracy_per_task.png": "end-of-task train (and test) accuracy by task index, mean ± std over seeds",
-    }
-    lines += [f"- `{name}`: {captions[name]}\n\n  ![{name}]({name})" for name in pngs]
+    lines += [f"- `{name}`: {CAPTIONS[name].format(baseline=baseline)}\n\n  ![{name}]({name})" for name in pngs]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     data["notes"] = al.notes + study.missing
     (out / "report.json").write_text(json.dumps(data, indent=2) + "\n")
     return data
+
+
+def report_warnings(study: Study, al: Aligned) -> list[str]:
+    """What makes the report's numbers less trustworthy: runs left out for non-finite scores."""
+    return list(study.warnings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
     args = parser.parse_args(argv)
+    if not 0 <= args.seed < 2**32:
+        raise ConfigError(f"--seed must be an integer in 0 .. 2**32 - 1 (numpy's seeds), got {args.seed}")
     if importlib.util.find_spec("rliable") is None or importlib.util.find_spec("matplotlib") is None:
         raise ConfigError("the report needs rliable and matplotlib; pip install -e '.[report]'")
     if args.reps < 1:
@@ -220,8 +286,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     st = compute_statistics(al, study.kind, baseline, args.reps, args.seed)
     pngs = figures(al, st, study.kind, out, study.normalized)
-    data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs)
+    cautions = report_warnings(study, al)
+    data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions)
+    for w in cautions:
+        print(f"warning: {w}", file=sys.stderr)
     for m, d in data["methods"].items():
-        print(f"{m:>24}: IQM {d['iqm'][0]:.3f} [{d['iqm'][1]:.3f}, {d['iqm'][2]:.3f}]  ({d['n_tasks']} task(s) × {len(d['seeds'])} seed(s))")
+        iqm = _ci(*d["iqm"], one_seed=len(d["seeds"]) == 1)
+        print(f"{m:>24}: IQM {iqm}  ({d['n_tasks']} task(s) × {len(d['seeds'])} seed(s))")
     print(f"report: {out / 'report.md'}")
     return 0

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
-from sac_spectral.core.config import ConfigError, flatten, yaml_load
-from sac_spectral.runs.evals import read_evals
+from sac_spectral.core.config import ConfigError, flatten, one_line, yaml_load
+from sac_spectral.runs.evals import EVALS, read_evals
 from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY, SUMMARY_TASKS
 from sac_spectral.studies.spec import STATUS, SWEEP_FILE, TASK_KEYS
 
@@ -44,6 +45,7 @@ class Study:
     kind: str
     curves: list[Curve] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     grouping: str = ""
     normalized: bool = True
 
@@ -56,28 +58,68 @@ def _kind(config: dict[str, Any]) -> str:
     return "train" if "env" in config else "continual"
 
 
-def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[str, list[Curve], bool]:
-    """A run directory's curves (from ``evals.csv``, else ``summary.json``), its kind and whether
-    its scores are normalized."""
-    config = yaml_load((run_dir / CONFIG_FILE).read_text())
-    kind, flat = _kind(config), flatten(config)
-    task = " ".join(str(flat[k]) for k in task_keys if k in flat)
-    rows = read_evals(run_dir)
-    if not rows and (run_dir / SUMMARY).is_file():
-        summary = json.loads((run_dir / SUMMARY).read_text())
+def read_mapping(path: Path) -> dict[str, Any]:
+    """A JSON (``.json``) or YAML file that must hold a mapping; anything else is bad input."""
+    try:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml_load(path.read_text())
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"'{path}' cannot be read: {one_line(err)}; restore or remove it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{path}' holds {type(data).__name__}, not a mapping of keys; restore or remove it")
+    return data
+
+
+def _summary_rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The evaluations a run's ``summary.json`` records (for runs written before ``evals.csv``)."""
+    path = run_dir / SUMMARY
+    summary = read_mapping(path)
+    try:
         seeds = summary.get("seeds") or [summary.get("seed")]
         if kind == "train":
-            rows = [{"step": e["step"], "seed": s, "return": r} for e in summary["eval_history"] for s, r in zip(seeds, e["returns"])]
-        else:
-            rows = [{**t, "seed": seeds[0]} for t in summary["tasks"]]
+            return [{"step": e["step"], "seed": s, "return": r} for e in summary["eval_history"] for s, r in zip(seeds, e["returns"])]
+        return [{**t, "seed": seeds[0]} for t in summary["tasks"]]
+    except (KeyError, TypeError) as err:
+        raise ConfigError(f"'{path}' lacks the evaluations of a {kind} run ({type(err).__name__}: {err}); "
+                          "restore or remove it") from None
+
+
+def _rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The run's evaluation rows: ``evals.csv``, else ``summary.json``."""
+    try:
+        rows = read_evals(run_dir)
+    except (ValueError, KeyError) as err:
+        raise ConfigError(f"'{run_dir / EVALS}' has a cell that is not a number ({one_line(err)}); "
+                          "fix or remove that row") from None
+    if not rows and (run_dir / SUMMARY).is_file():
+        rows = _summary_rows(run_dir, kind)
+    return rows
+
+
+def _ordered(run_dir: Path, seed: int, x: np.ndarray, key: str) -> np.ndarray:
+    """The order that sorts a seed's evaluations by ``key``; a key evaluated twice is bad input."""
+    values, counts = np.unique(x, return_counts=True)
+    if (counts > 1).any():
+        raise ConfigError(f"'{run_dir / EVALS}': {key} {values[counts > 1][0]:g} appears {counts.max()} times for seed "
+                          f"{seed}; a run evaluates each {key} once (remove the extra rows)")
+    return np.argsort(x, kind="stable")
+
+
+def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[str, list[Curve], bool]:
+    """A run directory's curves (from ``evals.csv``, else ``summary.json``) sorted by step, its kind
+    and whether its scores are normalized."""
+    config = read_mapping(run_dir / CONFIG_FILE)
+    kind, flat = _kind(config), flatten(config)
+    task = " ".join(str(flat[k]) for k in task_keys if k in flat)
+    rows = _rows(run_dir, kind)
     normalized = kind == "continual" or _is_dmc(str(config["env"]))
     curves = []
     for seed in sorted({int(r["seed"]) for r in rows}):
         mine = [r for r in rows if r["seed"] == seed]
         if kind == "train":
             x = np.array([r["step"] for r in mine], dtype=float)
-            y = np.array([r["return"] for r in mine], dtype=float) / (1000.0 if normalized else 1.0)
-            curves.append(Curve(method, task, seed, run_dir, x, y))
+            y = np.array([np.nan if r["return"] is None else r["return"] for r in mine], dtype=float)
+            i = _ordered(run_dir, seed, x, "step")
+            curves.append(Curve(method, task, seed, run_dir, x[i], y[i] / (1000.0 if normalized else 1.0)))
         else:
             mine = [r for r in mine if r["train_acc"] is not None]
             if not mine:
@@ -85,8 +127,22 @@ def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[str,
             x = np.array([r["task"] for r in mine], dtype=float)
             y = np.array([r["train_acc"] for r in mine], dtype=float)
             test = np.array([np.nan if r.get("test_acc") is None else r["test_acc"] for r in mine], dtype=float)
-            curves.append(Curve(method, task, seed, run_dir, x, y, test))
+            i = _ordered(run_dir, seed, x, "task")
+            curves.append(Curve(method, task, seed, run_dir, x[i], y[i], test[i]))
     return kind, curves, normalized
+
+
+def finite_curves(curves: list[Curve], warnings: list[str]) -> list[Curve]:
+    """The curves whose scores are all finite; each other one is named in ``warnings``."""
+    kept = []
+    for c in curves:
+        bad = ~np.isfinite(c.y)
+        if bad.any():
+            warnings.append(f"{c.run} (seed {c.seed}) left out: non-finite score "
+                            f"({', '.join(f'{v:g}' for v in c.y[bad][:3])}) at x = {', '.join(f'{v:g}' for v in c.x[bad][:3])}")
+        else:
+            kept.append(c)
+    return kept
 
 
 def _discover(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
@@ -125,7 +181,8 @@ def load(paths: Sequence[str]) -> Study:
     """Every curve of the sweeps and runs under ``paths``, labelled by method and task."""
     sweeps, runs = _discover(paths)
     study: Study | None = None
-    notes = []
+    notes: list[str] = []
+    warned: list[str] = []
 
     def add(kind: str, curves: list[Curve], normalized: bool) -> None:
         nonlocal study
@@ -133,12 +190,12 @@ def load(paths: Sequence[str]) -> Study:
             study = Study(kind)
         if study.kind != kind:
             raise ConfigError("the directories mix RL and continual runs; report them separately")
-        study.curves += curves
+        study.curves += finite_curves(curves, warned)
         study.normalized &= normalized
 
     for sweep_dir in sweeps:
-        spec = yaml_load((sweep_dir / SWEEP_FILE).read_text())
-        status = json.loads((sweep_dir / STATUS).read_text())
+        spec = read_mapping(sweep_dir / SWEEP_FILE)
+        status = read_mapping(sweep_dir / STATUS)
         task_keys = spec.get("task_keys") or TASK_KEYS[spec["kind"]]
         prefix = f"{spec.get('name', sweep_dir.name)}/" if len(sweeps) > 1 else ""
         for tid, entry in status["trials"].items():
@@ -156,7 +213,7 @@ def load(paths: Sequence[str]) -> Study:
         extra_keys = [k for k in spec.get("grid") or {} if k not in task_keys]
         study.grouping = "method of the sweep" + (f" and {', '.join(extra_keys)}" if extra_keys else "")
     if runs:
-        configs = [yaml_load((r / CONFIG_FILE).read_text()) for r in runs]
+        configs = [read_mapping(r / CONFIG_FILE) for r in runs]
         kinds = {_kind(c) for c in configs}
         task_keys = TASK_KEYS["train" if "train" in kinds else "continual"]
         labels, differ = _loose_labels(configs, task_keys)
@@ -169,7 +226,7 @@ def load(paths: Sequence[str]) -> Study:
         study = study or Study(kinds.pop())
         study.grouping = f"{study.grouping}; {grouped}" if sweeps else grouped
     assert study is not None
-    study.missing = notes
+    study.missing, study.warnings = notes, warned
     return study
 
 
@@ -189,7 +246,7 @@ def priming_diagnostics(study: Study) -> dict[str, dict[str, list[list[float]]]]
     out: dict[str, dict[str, list[list[float]]]] = {}
     for method, run in dict.fromkeys((c.method, c.run) for c in study.curves):
         path = run / SUMMARY
-        priming = json.loads(path.read_text()).get("priming") if path.is_file() else None
+        priming = read_mapping(path).get("priming") if path.is_file() else None
         if not priming or not {"before", "after"} <= set(priming):
             continue
         before, after = _priming_values(priming["before"]), _priming_values(priming["after"])
