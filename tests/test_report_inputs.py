@@ -116,3 +116,82 @@ def test_a_seed_numpy_cannot_take_is_a_one_line_error(tmp_path, capsys, seed):
     assert report_of(runs(tmp_path), tmp_path, "--seed", seed) == 2
     assert "--seed" in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- few seeds, digits
+def test_few_seeds_are_flagged_and_values_keep_their_digits(tmp_path, capsys):
+    """Scores 0.003–0.004 with 3 seeds: the warning is in report.md, on stderr and under the
+    figures; the interval's three numbers print differently (not ``0.003 [0.003, 0.003]``)."""
+    root = runs(tmp_path, n_seeds=3, returns=(3.0, 3.5, 3.2))
+    assert report_of(root, tmp_path) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    warning = md.split("## Warnings", 1)[1].split("##", 1)[0]
+    assert "few seeds per task (runs: 3; fewer than 5)" in warning and "unreliable" in warning
+    assert "few seeds" in capsys.readouterr().err
+    row = next(line for line in md.splitlines() if line.startswith("| runs |"))
+    iqm = row.split("|")[2].strip()
+    point, lo, hi = iqm.replace("[", "").replace("]", "").replace(",", "").split()
+    assert len({point, lo, hi}) == 3, iqm
+    assert float(lo) <= float(point) <= float(hi)
+
+
+def test_five_seeds_are_not_flagged(tmp_path):
+    assert report_of(runs(tmp_path, n_seeds=5), tmp_path) == 0
+    assert "few seeds" not in (tmp_path / "out" / "report.md").read_text()
+
+
+# ----------------------------------------------------------------------------- figures
+def overlaps(texts, renderer) -> list[tuple[str, str]]:
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts if t.get_visible() and t.get_text()]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+
+
+def study_figures(tmp_path: Path, scale: float, low: float) -> dict:
+    """Figures of three methods on two tasks, 3 seeds, scores ``low + scale·u`` with u in [0, 1];
+    ``copy`` has exactly the scores of ``sac``, so their curves lie on top of each other."""
+    rng = np.random.default_rng(1)
+    root = tmp_path / f"study{scale}"
+    for task in ("dmc:cheetah-run", "dmc:walker-walk"):
+        for seed in range(3):
+            u = rng.uniform(0, 0.7, 3)
+            for m, shift in (("sac", 0.0), ("spectral", 0.3), ("copy", 0.0)):
+                returns = 1000 * (low + scale * (u + shift))
+                run = make_run(root / m / task / f"s{seed}", task, seed, list(zip((1000, 2000, 3000), returns.tolist())))
+                cfg = yaml.safe_load((run / "config.yaml").read_text())
+                (run / "config.yaml").write_text(yaml.safe_dump({**cfg, "method": m}))
+    from sac_spectral.studies.figures import build_figures
+
+    study = results.load([str(root)])
+    al = results.align(study)
+    st = report.compute_statistics(al, study.kind, al.methods[0], REPS, 0)
+    return build_figures(al, st, study.kind, study.normalized, "few seeds per task (3; fewer than 5)")
+
+
+@pytest.mark.parametrize("scale,low", [(0.009, 0.003), (1000.0, 0.0)])
+def test_figures_tick_labels_do_not_overlap_at_any_scale(tmp_path, scale, low):
+    import matplotlib.pyplot as plt
+
+    figs = study_figures(tmp_path, scale, low)
+    assert {"final_scores.png", "performance_profile.png", "probability_of_improvement.png"} <= set(figs)
+    try:
+        for name, fig in figs.items():
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            for ax in fig.axes:
+                for axis in (ax.xaxis, ax.yaxis):
+                    assert not overlaps(axis.get_ticklabels(), renderer), (name, overlaps(axis.get_ticklabels(), renderer))
+                assert not overlaps([*ax.xaxis.get_ticklabels(), ax.xaxis.label], renderer), name
+                assert len([t for t in ax.xaxis.get_ticklabels() if t.get_text()]) <= 7, name
+            if name == "final_scores.png":
+                labels = [ax.get_xlabel() for ax in fig.axes]
+                assert len(set(labels)) == len(labels) and "optimality gap (lower is better)" in labels
+            if name == "probability_of_improvement.png":
+                assert fig.axes[0].get_title()
+            if name == "performance_profile.png":
+                lo, hi = fig.axes[0].get_xlim()  # τ spans the scores, not a fixed 0–1
+                assert low - 0.1 * scale <= lo < hi <= low + 1.1 * scale
+                assert len({line.get_linestyle() for line in fig.axes[0].get_lines()}) == 3
+                assert fig.axes[0].collections, "no CI bands"
+    finally:
+        for fig in figs.values():
+            plt.close(fig)

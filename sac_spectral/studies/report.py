@@ -25,7 +25,7 @@ import numpy as np
 
 from sac_spectral.core.config import ConfigError
 from sac_spectral.runs.layout import SUMMARY_TASKS
-from sac_spectral.studies.figures import METRICS, PAIR, figures
+from sac_spectral.studies.figures import METRICS, PAIR, figures, padded
 from sac_spectral.studies.results import (
     Aligned,
     Study,
@@ -58,6 +58,10 @@ def profile(scores: np.ndarray, taus: np.ndarray) -> np.ndarray:
     return (scores.reshape(-1, 1) > taus.reshape(1, -1)).mean(axis=0)
 
 
+#: fewer seeds per task than this (per method) gets a warning in the report and on its figures
+MIN_SEEDS = 5
+
+
 def interval_estimates(scores: dict[str, Any], func: Callable[..., np.ndarray], reps: int, seed: int) -> tuple[dict, dict]:
     """rliable's stratified-bootstrap point and 95 % interval estimates for each key. rliable draws
     its resampling indices from numpy's global generator: it is seeded with ``seed`` for each key
@@ -88,8 +92,8 @@ def compute_statistics(al: Aligned, kind: str, baseline: str, reps: int, seed: i
     curve_point, curve_ci = interval_estimates(al.scores, iqm_per_step, reps, seed)
     pairs = {f"{m}{PAIR}{baseline}": (final[m], final[baseline]) for m in al.methods if m != baseline}
     poi_point, poi_ci = interval_estimates(pairs, metrics.probability_of_improvement, reps, seed) if pairs else ({}, {})
-    lo = min(0.0, float(min(f.min() for f in final.values())))
-    taus = np.linspace(lo, max(1.0, float(max(f.max() for f in final.values()))), 81)
+    taus = np.linspace(*padded(float(min(f.min() for f in final.values())), float(max(f.max() for f in final.values())),
+                                0.05), 81)
     prof_point, prof_ci = interval_estimates(final, lambda s: profile(s, taus), reps, seed)
     # Per task: the mean over seeds at each step; the bootstrap resamples seeds within each task.
     shape = (len(al.tasks), len(al.x))
@@ -257,9 +261,20 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
     return data
 
 
+def few_seeds(al: Aligned) -> str | None:
+    """``few seeds per task (m n, …)`` for methods with fewer than :data:`MIN_SEEDS` seeds per task, or None."""
+    few = {m: len(s) for m, s in al.seeds.items() if len(s) < MIN_SEEDS}
+    if not few:
+        return None
+    return f"few seeds per task ({', '.join(f'{m}: {n}' for m, n in few.items())}; fewer than {MIN_SEEDS})"
+
+
 def report_warnings(study: Study, al: Aligned) -> list[str]:
-    """What makes the report's numbers less trustworthy: runs left out for non-finite scores."""
-    return list(study.warnings)
+    """What makes the report's numbers less trustworthy: few seeds, runs left out for non-finite scores."""
+    few = few_seeds(al)
+    unreliable = (f"{few}: with a handful of runs per task the bootstrap confidence intervals are unreliable "
+                  "(Agarwal et al., 2021, rliable's guidance); read them as rough and add seeds")
+    return ([unreliable] if few else []) + study.warnings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -285,7 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     st = compute_statistics(al, study.kind, baseline, args.reps, args.seed)
-    pngs = figures(al, st, study.kind, out, study.normalized)
+    few = few_seeds(al)
+    pngs = figures(al, st, study.kind, out, study.normalized, few and f"{few}: bootstrap CIs unreliable")
     cautions = report_warnings(study, al)
     data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions)
     for w in cautions:
