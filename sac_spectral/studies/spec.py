@@ -29,6 +29,8 @@ RUNNERS = {"train": "sac_spectral.train", "continual": "sac_spectral.continual"}
 TASK_KEYS = {"train": ["env"], "continual": ["dataset.name", "stream.kind"]}
 RESERVED = ("seed", "num_seeds", "run_dir", "threads", "progress")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+#: a grid point's folder in a trial id (``dmc-cheetah-run``, ``critic.lr=0.001``)
+COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 
 
 @dataclass
@@ -145,6 +147,8 @@ def load_sweep(path: str, overrides: Sequence[str]) -> Sweep:
     cfg = merge_sources(SweepConfig, data, overrides)
     if cfg.name is None:
         cfg.name = Path(path).stem if Path(path).name != SWEEP_FILE else Path(path).resolve().parent.name
+        check(bool(NAME.match(cfg.name)), "name", f"'{cfg.name}' (from the sweep file's name) is not a plain folder "
+              "name (letters, digits, _ . + -, not starting with . or -); give name=")
     raw_base = dict(cfg.base) if isinstance(cfg.base, dict) else {"config": cfg.base}
     base_file = raw_base.pop("config", None)
     _check_reserved(list(flatten(_nest(raw_base))), "base")
@@ -172,6 +176,9 @@ def load_sweep(path: str, overrides: Sequence[str]) -> Sweep:
             parts = [_slug(v) if k == "env" else f"{k}={_slug(v)}" for k, v in point.items()]
             for chunk in chunks:
                 tid = "/".join([method, *parts, _seed_label(chunk)])
+                for part in parts:
+                    check(bool(COMPONENT.match(part)), "grid", f"the value in '{part}' cannot name a folder of the "
+                          "trial's run directory (use letters, digits, _ . = + -, not starting with . or -)")
                 check(tid not in seen, "grid", f"two trials would share the run directory '{tid}'; make the values distinct")
                 over = [f"{k}={_dump(v)}" for k, v in {**keys, **point}.items()] + [f"seed={chunk[0]}"]
                 if len(chunk) > 1:

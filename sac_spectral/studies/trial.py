@@ -2,13 +2,14 @@
 process (through a launcher that ties it to its worker) and the line that says why it failed.
 
 Ray ships :func:`run_trial` to its workers by value (the sweep registers this module so), so this
-module uses only the standard library and plain values of the package: a worker needs neither
-``sac_spectral`` nor torch."""
+module uses only the standard library, PyYAML (which Ray needs too) and plain values of the
+package: a worker needs neither ``sac_spectral`` nor torch."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -21,9 +22,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
+
+from sac_spectral.runs.evals import EVALS
+from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY
 from sac_spectral.studies.spec import RUNNERS
 
+EVENTS = "events.out.tfevents."
+#: temporary files of atomic writes (``.latest.pt.<id>.tmp``, ``.evals.csv.tmp``, …)
+TEMP_FILE = re.compile(r"^\..+\.tmp$")
 # The trial's process is started through this launcher: it asks Linux to send it SIGTERM when its
 # parent (the Ray worker) dies, so that no trial outlives its sweep, however the sweep ends (the
 # runner checkpoints and stops on SIGTERM), then replaces itself with the runner (exec keeps that).
@@ -43,6 +49,18 @@ def trial_state(run_dir: Path) -> str:
     if (run_dir / SUMMARY).is_file():
         return "done"
     return "resume" if (run_dir / CHECKPOINT).is_file() else "fresh"
+
+
+def written_by_a_run(run_dir: Path) -> bool:
+    """``run_dir`` holds nothing but what a run stopped before its first checkpoint writes: its
+    config, TensorBoard events, evaluations and temporary files of atomic writes."""
+    for p in run_dir.iterdir():
+        if p.name == CHECKPOINT.parent.name and p.is_dir():
+            if any(not TEMP_FILE.match(q.name) for q in p.iterdir()):
+                return False
+        elif not (p.is_file() and (p.name in (CONFIG_FILE, EVALS) or p.name.startswith(EVENTS) or TEMP_FILE.match(p.name))):
+            return False
+    return True
 
 
 def trial_command(spec: Mapping[str, Any], state: str) -> list[str]:
@@ -94,6 +112,12 @@ def run_trial(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
             yield {"event": "finished", "exit_code": 0, "error": None, "wall_s": 0.0}
             return
         if state == "fresh" and run_dir.exists():
+            if not written_by_a_run(run_dir):
+                error = (f"error: run directory {run_dir} holds files a run does not write; the sweep leaves them "
+                         "alone: move them away, then run the sweep again")
+                out.write(f"{error}\n".encode())
+                yield {"event": "finished", "exit_code": 2, "error": error, "wall_s": 0.0}
+                return
             shutil.rmtree(run_dir)  # an attempt killed before its first checkpoint
         cmd = trial_command(spec, state)
         start = out.seek(0, os.SEEK_END)
