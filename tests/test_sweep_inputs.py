@@ -2,6 +2,7 @@
 directories it did not create, a second sweep process, a garbage ``summary.json`` or ``status.json``,
 and env ids gymnasium registers but cannot build are one-line errors or safe rebuilds."""
 
+import fcntl
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,20 @@ def test_what_a_run_writes_before_its_first_checkpoint_may_be_removed(tmp_path):
     assert trial.written_by_a_run(tmp_path)
     (tmp_path / "checkpoints" / "other.pt").write_text("")
     assert not trial.written_by_a_run(tmp_path)
+
+
+# ----------------------------------------------------------------------------- a second process
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_refused_second_sweep_process_writes_nothing(tmp_path, capsys, existing):
+    cfg = write_sweep(tmp_path / "tiny.yaml")
+    root = tmp_path / "out" / "tiny"
+    root.mkdir(parents=True)
+    if existing:
+        (root / "sweep.yaml").write_text(yaml.safe_dump(spec.load_sweep(str(cfg), []).resolved(), sort_keys=False))
+        (root / "status.json").write_text('{"trials": {}}')
+    with (root / ".sweep.lock").open("a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = tree(root)
+        assert run_cli(sweep.main, ["--config", str(cfg), "--out", str(tmp_path / "out"), "seeds=[0, 1, 2]"]) == 2
+        assert "another sweep process is running" in one_error_line(capsys)
+        assert tree(root) == before

@@ -190,13 +190,16 @@ def _sweep_dir(sweep: Sweep, out: str) -> Path:
     return Path(out).resolve() / str(sweep.cfg.name)
 
 
-def _prepare(sweep: Sweep, root: Path) -> None:
-    """Create or check the sweep directory and write the resolved ``sweep.yaml`` and ``base.yaml``."""
+def _check_dir(sweep: Sweep, root: Path) -> None:
+    """Refuse a sweep directory that holds another study, or a folder with other files (reads only)."""
     if (root / SWEEP_FILE).is_file():
         check_compatible(sweep, yaml_load((root / SWEEP_FILE).read_text()) or {}, root)
-    elif root.exists() and any(root.iterdir()):
+    elif root.exists() and (not root.is_dir() or any(p.name != LOCK for p in root.iterdir())):
         raise ConfigError(f"'{root}' exists and is not a sweep directory (no {SWEEP_FILE}); choose another name= or --out")
-    root.mkdir(parents=True, exist_ok=True)
+
+
+def _write_spec(sweep: Sweep, root: Path) -> None:
+    """The resolved ``sweep.yaml`` and ``base.yaml`` of the sweep directory."""
     (root / SWEEP_FILE).write_text(yaml.safe_dump(sweep.resolved(), sort_keys=False))
     (root / BASE_FILE).write_text(yaml.safe_dump(sweep.base, sort_keys=False))
 
@@ -222,10 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (root / SWEEP_FILE).is_file():
             check_compatible(sweep, yaml_load((root / SWEEP_FILE).read_text()) or {}, root)
         return dry_run(sweep, root, args.retry_failed, args.num_cpus)
-    _prepare(sweep, root)
-    with (root / LOCK).open("w") as lock:
+    _check_dir(sweep, root)
+    root.mkdir(parents=True, exist_ok=True)
+    # The lock comes first: a second sweep process on this directory is refused before it writes.
+    with (root / LOCK).open("a") as lock:
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ConfigError(f"another sweep process is running on {root}") from None
+        _check_dir(sweep, root)
+        _write_spec(sweep, root)
         return run_sweep(sweep, root, args.retry_failed, args.address, args.num_cpus, not args.no_progress)
