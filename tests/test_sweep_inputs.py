@@ -3,6 +3,7 @@ directories it did not create, a second sweep process, a garbage ``summary.json`
 and env ids gymnasium registers but cannot build are one-line errors or safe rebuilds."""
 
 import fcntl
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import yaml
 
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.studies import spec, sweep, trial
-from sac_spectral.studies.trial import run_trial
+from sac_spectral.studies.trial import run_trial, trial_state
 
 TINY = {
     "kind": "train",
@@ -100,3 +101,22 @@ def test_a_refused_second_sweep_process_writes_nothing(tmp_path, capsys, existin
         assert run_cli(sweep.main, ["--config", str(cfg), "--out", str(tmp_path / "out"), "seeds=[0, 1, 2]"]) == 2
         assert "another sweep process is running" in one_error_line(capsys)
         assert tree(root) == before
+
+
+# ----------------------------------------------------------------------------- summary.json
+def finished_run(run_dir: Path, summary: str, env: str = "dmc:cartpole-balance", seed: int = 0) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"env": env, "seed": seed, "num_seeds": 1}))
+    (run_dir / "summary.json").write_text(summary)
+    return run_dir
+
+
+@pytest.mark.parametrize("summary", ["{garbage", "[]", "null", json.dumps({"env": "dmc:cheetah-run", "seeds": [0]}),
+                                     json.dumps({"env": "dmc:cartpole-balance", "seeds": [1]})])
+def test_a_garbage_or_foreign_summary_is_not_a_finished_trial(tmp_path, summary):
+    assert trial_state(finished_run(tmp_path / "r", summary)) == "fresh"
+
+
+def test_a_summary_of_the_trials_config_is_a_finished_trial(tmp_path):
+    run = finished_run(tmp_path / "r", json.dumps({"env": "dmc:cartpole-balance", "seeds": [0], "steps": 100}))
+    assert trial_state(run) == "done"

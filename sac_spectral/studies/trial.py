@@ -8,6 +8,7 @@ package: a worker needs neither ``sac_spectral`` nor torch."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shlex
@@ -22,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 
 from sac_spectral.runs.evals import EVALS
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY
@@ -44,9 +46,27 @@ LAUNCHER = (
 
 
 
+def finished(run_dir: Path) -> bool:
+    """The run wrote its summary: ``summary.json`` parses and names the run of ``config.yaml`` (its
+    env and seeds, or its seed and stream)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text())
+        config = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    if not isinstance(summary, dict) or not isinstance(config, dict):
+        return False
+    seed = config.get("seed")
+    if "env" in config:
+        seeds = list(range(seed, seed + config.get("num_seeds", 1))) if isinstance(seed, int) else None
+        return summary.get("env") == config["env"] and summary.get("seeds") == seeds
+    stream = config.get("stream")
+    return summary.get("seed") == seed and isinstance(stream, dict) and summary.get("stream") == stream.get("kind")
+
+
 def trial_state(run_dir: Path) -> str:
-    """``done`` (summary written), ``resume`` (a checkpoint) or ``fresh``."""
-    if (run_dir / SUMMARY).is_file():
+    """``done`` (a summary of its config written), ``resume`` (a checkpoint) or ``fresh``."""
+    if finished(run_dir):
         return "done"
     return "resume" if (run_dir / CHECKPOINT).is_file() else "fresh"
 
