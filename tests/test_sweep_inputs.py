@@ -11,6 +11,7 @@ import yaml
 
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.studies import spec, sweep, trial
+from sac_spectral.studies.status import Status, read_status
 from sac_spectral.studies.trial import run_trial, trial_state
 
 TINY = {
@@ -120,3 +121,18 @@ def test_a_garbage_or_foreign_summary_is_not_a_finished_trial(tmp_path, summary)
 def test_a_summary_of_the_trials_config_is_a_finished_trial(tmp_path):
     run = finished_run(tmp_path / "r", json.dumps({"env": "dmc:cartpole-balance", "seeds": [0], "steps": 100}))
     assert trial_state(run) == "done"
+
+
+# ----------------------------------------------------------------------------- status.json
+@pytest.mark.parametrize("text", ['{"trials": {"sac/s0": {"status": "fa', "[]", '{"trials": []}',
+                                  '{"trials": {"sac/s0": "done"}}', '{"trials": {"sac/s0": 3}}'])
+def test_a_damaged_status_is_rebuilt_from_the_trial_dirs(tmp_path, capsys, text):
+    cfg = write_sweep(tmp_path / "tiny.yaml")
+    s = spec.load_sweep(str(cfg), [])
+    root = tmp_path / "tiny"
+    finished_run(root / "sac" / "s0", json.dumps({"env": "dmc:cartpole-balance", "seeds": [0]}))
+    (root / "status.json").write_text(text)
+    status = Status(s, root, read_status(root))
+    assert {t: e["status"] for t, e in status.trials.items()} == {"sac/s0": "done", "sac/s1": "pending"}
+    err = capsys.readouterr().err
+    assert "status.json is damaged" in err and "rebuilt" in err

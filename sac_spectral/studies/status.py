@@ -3,20 +3,37 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sac_spectral.core.config import one_line
 from sac_spectral.runs.checkpoint import write_json
 from sac_spectral.studies.spec import LOGS, STATUS, Sweep
 from sac_spectral.studies.trial import trial_state
 
 
 def read_status(root: Path) -> dict[str, Any]:
-    """The ``status.json`` a sweep in ``root`` wrote before ({} if there is none)."""
+    """The ``status.json`` a sweep in ``root`` wrote before: {} if there is none, or if it is damaged
+    (then, with a note, every trial's state is rebuilt from its run directory; failures are retried)."""
     path = root / STATUS
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        problem = None if isinstance(data, dict) else f"it holds {type(data).__name__}, not an object"
+        trials = data.get("trials", {}) if problem is None else {}
+        if problem is None and not (isinstance(trials, dict) and all(isinstance(e, dict) for e in trials.values())):
+            problem = "its 'trials' is not an object of trial objects"
+    except (ValueError, UnicodeDecodeError) as err:
+        problem = f"it does not parse ({one_line(err)})"
+    if problem is None:
+        return data
+    print(f"note: {path} is damaged: {problem}; the trials' states are rebuilt from their run directories",
+          file=sys.stderr)
+    return {}
 
 
 class Status:
