@@ -136,3 +136,14 @@ def test_a_damaged_status_is_rebuilt_from_the_trial_dirs(tmp_path, capsys, text)
     assert {t: e["status"] for t, e in status.trials.items()} == {"sac/s0": "done", "sac/s1": "pending"}
     err = capsys.readouterr().err
     assert "status.json is damaged" in err and "rebuilt" in err
+
+
+# ----------------------------------------------------------------------------- envs
+@pytest.mark.parametrize("env,cls", [("Reacher-v2", "ImportError"), ("dm_control/compatibility-env-v0", "TypeError"),
+                                     ("phys2d/Pendulum-v0", "ModuleNotFoundError")])
+def test_dry_run_of_an_env_gymnasium_cannot_build_is_one_line(tmp_path, capsys, env, cls):
+    cfg = write_sweep(tmp_path / "e.yaml", {**TINY, "grid": {"env": [env]}})
+    assert run_cli(sweep.main, ["--config", str(cfg), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: env: '{env}' cannot be built here ({cls}")
+    assert not (tmp_path / "out").exists()

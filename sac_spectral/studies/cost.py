@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from sac_spectral.core.config import merge_sources, to_dict
+from sac_spectral.core.config import ConfigError, merge_sources, one_line, to_dict
 from sac_spectral.studies.spec import Sweep, invalid_trials, runner_config
 from sac_spectral.studies.status import Status, read_status
 from sac_spectral.studies.trial import trial_state
@@ -40,6 +40,17 @@ def update_key(cfg: Any, obs_dim: int, act_dim: int) -> list[Any]:
     return ["update", obs_dim, act_dim, {k: resolved[k] for k in names}]
 
 
+def _built_env(make_env: Any, cfg: Any) -> Any:
+    """The trial's env, built here to time its steps; an id gymnasium registers but cannot build
+    (a missing package, a stale entry point) is a one-line error naming the exception."""
+    try:
+        return make_env(cfg.env, 0, cfg.action_repeat)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever an env's constructor raises, said in one line
+        raise ConfigError(f"env: '{cfg.env}' cannot be built here ({type(err).__name__}: {one_line(err)})") from None
+
+
 class CostModel:
     """Seconds a trial costs here: its updates (or iterations) times the measured time of one,
     plus its env steps (training and evaluation) times the measured time of one env step."""
@@ -61,7 +72,7 @@ class CostModel:
         from sac_spectral.core.seeding import SeedStreams
 
         updates = cfg.total_updates
-        env = make_env(cfg.env, 0, cfg.action_repeat)
+        env = _built_env(make_env, cfg)
         obs_dim, act_dim = int(env.observation_space.shape[0]), int(env.action_space.shape[0])
         torch.set_num_threads(self.threads)
 
