@@ -46,9 +46,10 @@ class Status:
         self.trials: dict[str, dict[str, Any]] = {}
         for t in sweep.trials:
             entry = {"status": "pending", "method": t.method, "task": t.point, "seeds": t.seeds, "run_dir": t.id,
-                     "log": f"{LOGS}/{t.id}.log", "command": None, "error": None, "exit_code": None, "wall_s": None}
+                     "log": f"{LOGS}/{t.id}.log", "command": None, "error": None, "exit_code": None, "wall_s": None,
+                     "host": None, "node": None}
             prev = old.get(t.id, {})
-            entry.update({k: prev[k] for k in ("command", "error", "exit_code", "wall_s") if k in prev})
+            entry.update({k: prev[k] for k in ("command", "error", "exit_code", "wall_s", "host", "node") if k in prev})
             state = trial_state(root / t.id)
             entry["status"] = "done" if state == "done" else "failed" if prev.get("status") == "failed" else "pending"
             self.trials[t.id] = entry

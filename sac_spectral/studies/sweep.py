@@ -23,7 +23,7 @@ import yaml
 from tqdm import tqdm
 
 import sac_spectral
-from sac_spectral.core.config import ConfigError, help_text, yaml_load
+from sac_spectral.core.config import ConfigError, help_text, one_line, yaml_load
 from sac_spectral.runs.cli import parse_cli
 from sac_spectral.runs.layout import SUMMARY
 from sac_spectral.runs.run import GracefulStop
@@ -69,9 +69,30 @@ def _start_ray(address: str | None, num_cpus: int | None) -> bool:
     address = address or os.environ.get("RAY_ADDRESS")
     if address and num_cpus is not None:
         raise ConfigError("--num-cpus sizes a local Ray instance; a cluster (--address) has its own")
-    kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": num_cpus, "include_dashboard": False}
-    ray.init(**kwargs, log_to_driver=False, logging_level=logging.WARNING)
+    if address:
+        _connect(ray, address)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     return True
+
+
+def _connect(ray: Any, address: str) -> None:
+    """Connect to a running cluster; a failure is one line with its likely cause and the fix.
+
+    ``ray start --head`` (Ray >= 2.59) turns token authentication on where ``~/.ray/auth_token``
+    exists (any earlier local ``ray.init()`` writes it); a process connecting to an explicit address
+    sends its token only with RAY_AUTH_MODE=token, which the sweep leaves to the user, as Ray does,
+    so that a local token never goes to another cluster unasked."""
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    except ConnectionError as err:
+        mode = os.environ.get("RAY_AUTH_MODE")
+        cause = ("check that RAY_AUTH_TOKEN or ~/.ray/auth_token here holds the cluster's token" if mode == "token" else
+                 "if it runs, the likely cause is token authentication (Ray >= 2.59 turns it on where ~/.ray/auth_token "
+                 "exists): set RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN, "
+                 "for every `ray start` and for this command")
+        raise ConfigError(f"cannot connect to the Ray cluster at {address} ({one_line(err)}; RAY_AUTH_MODE="
+                          f"{mode or 'unset'}); {cause}") from None
 
 
 def _check_capacity(res: Resources) -> None:
@@ -156,8 +177,8 @@ def _drive(sweep: Sweep, root: Path, status: Status, todo: list[Trial], progress
                     bar.write(f"failed  {tid}: {status.trials[tid]['error']}")
                     continue
                 if event["event"] == "started":
-                    status.set(tid, status="running", command=event["command"], host=event["host"], pid=event["pid"],
-                               error=None, exit_code=None)
+                    status.set(tid, status="running", command=event["command"], host=event["host"], node=event["node"],
+                               pid=event["pid"], error=None, exit_code=None)
                 else:
                     code = event["exit_code"]
                     interrupted = code in (128 + signal.SIGINT, 128 + signal.SIGTERM) and stop.requested is not None

@@ -116,6 +116,13 @@ def _lock(f: Any) -> None:
             time.sleep(0.5)
 
 
+def node_id() -> str | None:
+    """The id of the Ray node this task runs on (None outside Ray)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
 def run_trial(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The Ray task of one trial (a generator): yields ``started`` when the runner process starts,
     then ``finished`` with its exit code and error line. Cancelling the task (Ctrl-C of the sweep)
@@ -151,7 +158,8 @@ def run_trial(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
             [sys.executable, "-c", LAUNCHER, str(os.getpid()), *cmd[1:]], stdin=subprocess.DEVNULL,
             stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True,
         )
-    yield {"event": "started", "state": state, "host": socket.gethostname(), "pid": proc.pid, "command": shlex.join(cmd)}
+    yield {"event": "started", "state": state, "host": socket.gethostname(), "node": node_id(), "pid": proc.pid,
+           "command": shlex.join(cmd)}
     try:
         while proc.poll() is None:
             time.sleep(0.2)
