@@ -17,7 +17,7 @@ import torch
 import yaml
 from conftest import SMALL
 
-from sac_spectral import continual, diagnose, sweep, train
+from sac_spectral import continual, diagnose, train
 from sac_spectral.core.config import ConfigError, read_yaml
 from sac_spectral.regularizers import REGISTRY
 from sac_spectral.runs import checkpoint, cli, memory, rundir
@@ -25,6 +25,7 @@ from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.runs.logger import state_is_finite
+from sac_spectral.studies import sweep
 from sac_spectral.supervised.datasets import DataError, load_dataset
 from sac_spectral.supervised.learner import ContinualLearner, make_optimizer
 

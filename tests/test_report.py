@@ -3,6 +3,9 @@ numbers: its statistics equal rliable called directly on the same arrays; one se
 loose runs, figures that are not blank."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,17 +13,18 @@ import pytest
 import yaml
 from conftest import SMALL, TOY_ID
 
-from sac_spectral import report
 from sac_spectral.continual import main as continual_main
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.runs.evals import RL_COLUMNS, append_rows, read_evals
+from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.studies import report, results
 from sac_spectral.train import main as train_main
 
 rliable_library = pytest.importorskip("rliable.library")
 from rliable import metrics  # noqa: E402
 
 REPS, SEED = 300, 7
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rliable_estimates(scores, func):
@@ -114,8 +118,8 @@ def known(tmp_path):
 @pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")  # arch, called by rliable
 def test_statistics_equal_rliable_on_the_same_arrays(known):
     root, scores = known
-    study = report.load([str(root)])
-    al = report.align(study)
+    study = results.load([str(root)])
+    al = results.align(study)
     assert al.methods == ["sac", "spectral", "resets"] and al.tasks == TASKS and al.x.tolist() == STEPS
     st = report.compute_statistics(al, study.kind, "sac", REPS, SEED)
     final = {m: s[:, :, -1] for m, s in scores.items()}
@@ -174,13 +178,13 @@ def test_ragged_runs_are_cut_to_common_steps_and_seeds(tmp_path):
     scores = {"a": rng.uniform(0, 1, (3, 2, 4)), "b": rng.uniform(0, 1, (2, 2, 4))}
     make_sweep(tmp_path / "ragged", scores, TASKS, STEPS, lengths={("b", 1, 0): 3})
     (tmp_path / "ragged" / "a/dmc-walker-walk/s2").rename(tmp_path / "gone")  # a seed missing on one task
-    al = report.align(report.load([str(tmp_path / "ragged")]))
+    al = results.align(results.load([str(tmp_path / "ragged")]))
     assert al.x.tolist() == STEPS[:3]
     assert al.seeds == {"a": [0, 1], "b": [0, 1]}
     np.testing.assert_allclose(al.scores["a"], scores["a"][:2, :, :3])
     assert any("seeds [2] left out" in n for n in al.notes)
     assert any("curves cut to 3000" in n and "up to 4000" in n for n in al.notes)
-    final = report.final_scores(al, "train")
+    final = results.final_scores(al, "train")
     np.testing.assert_allclose(final["b"], scores["b"][:, :, 2])
 
 
@@ -189,11 +193,11 @@ def test_loose_runs_are_grouped_by_the_keys_in_which_they_differ(tmp_path):
         for seed in (0, 1):
             cfg = {"env": "dmc:cheetah-run", "seed": seed, "run_dir": f"x{seed}", "critic": {"regularizers": reg, "lr": 3e-4}}
             make_run(tmp_path / "runs" / f"{len(reg)}_{seed}", cfg, [(1000, seed, 1000 * (level + seed / 100))])
-    study = report.load([str(tmp_path / "runs")])
+    study = results.load([str(tmp_path / "runs")])
     assert "critic.regularizers" in study.grouping and "critic.lr" not in study.grouping
-    al = report.align(study)
+    al = results.align(study)
     assert al.methods == ["critic.regularizers=[]", 'critic.regularizers=[{"coef": 0.001, "name": "spectral"}]']
-    np.testing.assert_allclose(report.final_scores(al, "train")[al.methods[1]][:, 0], [0.6, 0.61])
+    np.testing.assert_allclose(results.final_scores(al, "train")[al.methods[1]][:, 0], [0.6, 0.61])
 
 
 def test_priming_diagnostics_per_method_with_the_largest_sigma(tmp_path):
@@ -209,7 +213,7 @@ def test_priming_diagnostics_per_method_with_the_largest_sigma(tmp_path):
         (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(
             {"priming": {"before": summary(base, 1.0, seeds), "after": summary(base, 0.5, seeds)}}))
     make_run(tmp_path / "runs" / "c", {"env": "dmc:cheetah-run", "seed": 0, "priming": {"updates": 0}}, [(1000, 0, 1.0)])
-    got = report.priming_diagnostics(report.load([str(tmp_path / "runs")]))
+    got = results.priming_diagnostics(results.load([str(tmp_path / "runs")]))
     assert list(got) == ["priming.updates=10"]
     d = got["priming.updates=10"]
     assert d["grad_rank/critic/erank"] == [[100.0, 101.0, 100.0], [50.0, 51.0, 50.0]]
@@ -227,3 +231,10 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     assert "mix RL and continual runs" in capsys.readouterr().err
     assert run_cli(report.main, [str(tmp_path / "rl"), "--baseline", "nope"]) == 2
     assert "--baseline 'nope' is not one of the methods: runs" in capsys.readouterr().err
+
+
+def test_report_modules_import_without_torch_or_runners():
+    code = ("import sys, sac_spectral.studies.report; "
+            "bad = [m for m in ('torch', 'sac_spectral.train', 'sac_spectral.continual', 'sac_spectral.diagnose', "
+            "'sac_spectral.studies.sweep') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

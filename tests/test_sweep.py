@@ -16,11 +16,12 @@ import pytest
 import torch
 import yaml
 
-from sac_spectral import report, sweep
-from sac_spectral.core.config import ConfigError
+from sac_spectral.core.config import ConfigError, merge_sources
 from sac_spectral.runs.checkpoint import load_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.studies import report, spec, sweep
+from sac_spectral.studies.trial import error_line
 from sac_spectral.train import main as train_main
 
 ray = pytest.importorskip("ray")
@@ -137,7 +138,7 @@ def test_a_trial_equals_the_direct_run_of_its_config(killed_and_rerun, tmp_path)
     uninterrupted run of the same command."""
     root = killed_and_rerun["root"]
     tid = next(t for t in GOOD if "--resume" in (root / "logs" / f"{t}.log").read_text())
-    trial = next(t for t in sweep.load_sweep(str(killed_and_rerun["cfg"]), []).trials if t.id == tid)
+    trial = next(t for t in spec.load_sweep(str(killed_and_rerun["cfg"]), []).trials if t.id == tid)
     direct = tmp_path / "direct"
     assert run_cli(train_main, ["--config", str(root / "base.yaml"), *trial.overrides, f"run_dir={direct}",
                                 "threads=1", "progress=false"]) == 0
@@ -210,13 +211,13 @@ def test_grid_and_seed_packing_name_the_trials(tmp_path):
     data = {"kind": "train", "base": {"total_steps": 1000}, "methods": {"rr": {"critic.lr": 1e-4}},
             "grid": {"env": ["dmc:cheetah-run", "dmc:walker-walk"], "replay_ratio": [1, 32]},
             "seeds": [0, 1, 2, 3, 4], "seeds_per_trial": 2}
-    s = sweep.load_sweep(str(write_sweep(tmp_path / "g.yaml", data)), [])
+    s = spec.load_sweep(str(write_sweep(tmp_path / "g.yaml", data)), [])
     ids = [t.id for t in s.trials]
     assert ids[:3] == ["rr/dmc-cheetah-run/replay_ratio=1/s0-1", "rr/dmc-cheetah-run/replay_ratio=1/s2-3",
                        "rr/dmc-cheetah-run/replay_ratio=1/s4"]
     assert len(ids) == 12
     assert s.trials[1].overrides == ["critic.lr=0.0001", "env=dmc:cheetah-run", "replay_ratio=1", "seed=2", "num_seeds=2"]
-    assert sweep.load_sweep(str(tmp_path / "g.yaml"), ["seeds=[0, 1, 2]", "seeds_per_trial=3"]).trials[0].seeds == [0, 1, 2]
+    assert spec.load_sweep(str(tmp_path / "g.yaml"), ["seeds=[0, 1, 2]", "seeds_per_trial=3"]).trials[0].seeds == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -247,29 +248,29 @@ def test_error_line_names_why_a_trial_failed(tmp_path):
     start = log.stat().st_size
     with log.open("a") as f:
         f.write("=== new attempt\nTraceback (most recent call last):\n  File x\nRuntimeError: boom\n")
-    assert sweep.error_line(log, start, 1) == "RuntimeError: boom (exit code 1)"
-    assert sweep.error_line(log, start, -signal.SIGKILL) == "killed by SIGKILL"
+    assert error_line(log, start, 1) == "RuntimeError: boom (exit code 1)"
+    assert error_line(log, start, -signal.SIGKILL) == "killed by SIGKILL"
     with log.open("a") as f:
         f.write("error: env: unknown environment\n")
-    assert sweep.error_line(log, start, 2) == "error: env: unknown environment"
+    assert error_line(log, start, 2) == "error: env: unknown environment"
 
 
 def test_resolved_sweep_file_runs_the_same_trials(killed_and_rerun):
     root = killed_and_rerun["root"]
-    again = sweep.load_sweep(str(root / "sweep.yaml"), [])
-    original = sweep.load_sweep(str(killed_and_rerun["cfg"]), [])
+    again = spec.load_sweep(str(root / "sweep.yaml"), [])
+    original = spec.load_sweep(str(killed_and_rerun["cfg"]), [])
     assert again.cfg.name == "tiny"
     assert [(t.id, t.overrides) for t in again.trials] == [(t.id, t.overrides) for t in original.trials]
     with pytest.raises(ConfigError, match="different 'kind'"):
-        sweep.check_compatible(sweep.load_sweep(str(root / "sweep.yaml"), ["kind=continual"]),
+        spec.check_compatible(spec.load_sweep(str(root / "sweep.yaml"), ["kind=continual"]),
                                yaml.safe_load((root / "sweep.yaml").read_text()), root)
 
 
 def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.core.config import load_config, merge_sources, to_dict
+    from sac_spectral.core.config import load_config, to_dict
     from sac_spectral.train import TrainConfig
 
-    s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/primacy_bias.yaml"), [])
+    s = spec.load_sweep(str(ROOT / "run_configs/sweeps/primacy_bias.yaml"), [])
     assert len(s.trials) == 14 * 10 and all(t.seeds == list(range(10)) for t in s.trials)
     files = {"sac_rr1": "sac", "sac_rr32": "sac"}
     for method in s.methods:
@@ -282,17 +283,17 @@ def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
 
 
 def test_plasticity_sweep_is_the_readme_table():
-    s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/plasticity_continual.yaml"), [])
+    s = spec.load_sweep(str(ROOT / "run_configs/sweeps/plasticity_continual.yaml"), [])
     assert s.cfg.kind == "continual" and s.cfg.seeds == [0, 1, 2] and len(s.trials) == 8 * 3
     assert "seed" not in s.base and s.base["stream"]["num_tasks"] == 30
-    assert sweep.invalid_trials(s) == {}
+    assert spec.invalid_trials(s) == {}
 
 
 def test_priming_methods_are_the_run_configs_of_the_same_names():
     from sac_spectral.core.config import load_config, merge_sources, to_dict
     from sac_spectral.train import TrainConfig
 
-    s = sweep.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), [])
+    s = spec.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), [])
     assert [t.id for t in s.trials] == ["unprimed/s0-4", "sac/s0-4", "resets/s0-4", "spectral/s0-4"]
     for trial in s.trials:
         ours = to_dict(merge_sources(TrainConfig, s.base, [*trial.overrides, "num_seeds=1"]))
@@ -301,3 +302,24 @@ def test_priming_methods_are_the_run_configs_of_the_same_names():
             assert theirs["priming"]["updates"] > 0
             theirs["priming"]["updates"] = 0
         assert ours == theirs, trial.method
+
+
+def test_cost_model_measures_each_agent_config_once():
+    """The dry run's cached update time is keyed on the resolved agent config: fp32 and bf16 (or
+    compiled) trials are timed separately; trials that differ only in seed or length share one."""
+    from sac_spectral.studies.cost import CostModel, update_key
+    from sac_spectral.train import TrainConfig
+
+    small = ["env=dmc:cartpole-balance", "batch_size=8", "actor.hidden=[8]", "critic.hidden=[8]", "total_steps=50",
+             "eval_every=0", "eval_episodes=1"]
+    cfg = merge_sources(TrainConfig, {}, small)
+    keys = {json.dumps(update_key(merge_sources(TrainConfig, {}, [*small, *o]), 5, 1), sort_keys=True)
+            for o in ([], ["seed=3", "total_steps=99"], ["precision=bf16"], ["compile=true"], ["critic.hidden=[16]"])}
+    assert len(keys) == 4
+    model = CostModel(threads=1)
+    updates, _ = model.train(cfg)
+    assert updates == cfg.total_updates
+    model.train(merge_sources(TrainConfig, {}, [*small, "seed=4"]))
+    n = len(model.cache)
+    model.train(merge_sources(TrainConfig, {}, [*small, "precision=bf16"]))
+    assert len(model.cache) == n + 1

@@ -1,0 +1,313 @@
+"""``python -m sac_spectral.report RUN_OR_SWEEP_DIR ... [--out DIR] [--baseline METHOD] [--reps N]``
+
+Aggregate results of runs and sweeps the way Agarwal et al. (2021) recommend, with their library
+``rliable``: IQM, mean, median and optimality gap of normalized scores over all runs (tasks ×
+seeds) with 95 % stratified-bootstrap confidence intervals, the probability that each method
+improves on a baseline, performance profiles, and curves of the IQM over training. Scores: DMC
+return / 1000 (other gymnasium returns as they are); continual runs: end-of-task training
+accuracy. Writes ``report.md``, ``report.json`` and PNG figures to ``--out``
+(default ``<first dir>/report``). Unfinished runs count with the evaluations they have so far.
+"""
+
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sac_spectral.core.config import ConfigError
+from sac_spectral.runs.layout import SUMMARY_TASKS
+from sac_spectral.studies.figures import METRICS, PAIR, figures, padded
+from sac_spectral.studies.results import (
+    Aligned,
+    Study,
+    align,
+    final_scores,
+    load,
+    priming_diagnostics,
+)
+
+
+def aggregates(scores: np.ndarray) -> np.ndarray:
+    """Median, IQM, mean and optimality gap of a [runs, tasks] array (rliable's definitions)."""
+    from rliable import metrics
+
+    return np.array([metrics.aggregate_median(scores), metrics.aggregate_iqm(scores),
+                     metrics.aggregate_mean(scores), metrics.aggregate_optimality_gap(scores)])
+
+
+def iqm_per_step(scores: np.ndarray) -> np.ndarray:
+    """IQM over runs × tasks at each step of a [runs, tasks, steps] array: rliable's
+    ``metrics.aggregate_iqm`` of every step's slice, computed for all steps at once."""
+    from scipy.stats import trim_mean
+
+    return trim_mean(scores.reshape(-1, scores.shape[-1]), proportiontocut=0.25, axis=0)
+
+
+def profile(scores: np.ndarray, taus: np.ndarray) -> np.ndarray:
+    """Fraction of runs scoring above each τ: rliable's ``library.score_distributions`` (a
+    ``np.vectorize`` over τ), computed for all τ at once."""
+    return (scores.reshape(-1, 1) > taus.reshape(1, -1)).mean(axis=0)
+
+
+#: fewer seeds per task than this (per method) gets a warning in the report and on its figures
+MIN_SEEDS = 5
+
+
+def interval_estimates(scores: dict[str, Any], func: Callable[..., np.ndarray], reps: int, seed: int) -> tuple[dict, dict]:
+    """rliable's stratified-bootstrap point and 95 % interval estimates for each key. rliable draws
+    its resampling indices from numpy's global generator: it is seeded with ``seed`` for each key
+    (so a method's interval does not depend on the other methods in the report) and restored
+    afterwards."""
+    from rliable import library as rly
+
+    state = np.random.get_state()
+    points, intervals = {}, {}
+    try:
+        with warnings.catch_warnings():  # arch deprecates the RandomState that rliable hands it
+            warnings.filterwarnings("ignore", "random_state is deprecated", FutureWarning)
+            for key, value in scores.items():
+                np.random.seed(seed)
+                point, interval = rly.get_interval_estimates(
+                    {key: value}, func, reps=reps, random_state=np.random.RandomState(seed))
+                points[key], intervals[key] = point[key], interval[key]
+    finally:
+        np.random.set_state(state)
+    return points, intervals
+
+
+def compute_statistics(al: Aligned, kind: str, baseline: str, reps: int, seed: int) -> dict[str, Any]:
+    from rliable import metrics
+
+    final = final_scores(al, kind)
+    point, ci = interval_estimates(final, aggregates, reps, seed)
+    curve_point, curve_ci = interval_estimates(al.scores, iqm_per_step, reps, seed)
+    pairs = {f"{m}{PAIR}{baseline}": (final[m], final[baseline]) for m in al.methods if m != baseline}
+    poi_point, poi_ci = interval_estimates(pairs, metrics.probability_of_improvement, reps, seed) if pairs else ({}, {})
+    taus = np.linspace(*padded(float(min(f.min() for f in final.values())), float(max(f.max() for f in final.values())),
+                                0.05), 81)
+    prof_point, prof_ci = interval_estimates(final, lambda s: profile(s, taus), reps, seed)
+    # Per task: the mean over seeds at each step; the bootstrap resamples seeds within each task.
+    shape = (len(al.tasks), len(al.x))
+    task_point, task_ci = interval_estimates(al.scores, lambda s: s.mean(axis=0).ravel(), reps, seed)
+    task_mean = {m: (task_point[m].reshape(shape), task_ci[m].reshape(2, *shape)) for m in al.methods}
+    return {"final": final, "point": point, "ci": ci, "curve_point": curve_point, "curve_ci": curve_ci,
+            "poi_point": poi_point, "poi_ci": poi_ci, "taus": taus, "prof_point": prof_point, "prof_ci": prof_ci,
+            "task_mean": task_mean}
+
+
+def _digits(*values: float) -> list[str]:
+    """The values with 3 significant digits, or more (up to 6) where that tells unequal values apart."""
+    for digits in range(3, 7):
+        texts = [f"{v:.{digits}g}" for v in values]
+        if len(set(texts)) == len(set(values)):
+            break
+    return texts
+
+
+def _ci(point: float, lo: float, hi: float, one_seed: bool) -> str:
+    if one_seed:
+        return _digits(point)[0]
+    p, a, b = _digits(point, lo, hi)
+    return f"{p} [{a}, {b}]"
+
+
+def _score_name(study: Study) -> str:
+    if study.kind != "train":
+        return "end-of-task training accuracy"
+    return "return / 1000 (DMC)" if study.normalized else "return (not normalized: a non-DMC task)"
+
+
+def _header(study: Study, al: Aligned, reps: int, sources: Sequence[str], cautions: list[str]) -> list[str]:
+    kind, score = study.kind, _score_name(study)
+    final_at = (f"step {al.x[-1]:g}" if kind == "train"
+                else f"the mean over the last {min(SUMMARY_TASKS, len(al.x))} tasks up to task {al.x[-1]:g}")
+    lines = [
+        "# Report", "",
+        f"Sources: {', '.join(sources)}  ",
+        f"Kind: {'RL (sac_spectral.train)' if kind == 'train' else 'continual (sac_spectral.continual)'}; "
+        f"score: {score}; final score: {final_at}.  ",
+        f"Grouped by: {study.grouping}.  ",
+        f"Tasks ({len(al.tasks)}): {', '.join(al.tasks)}.  ",
+        f"Statistics: rliable, {reps} bootstrap resamples, 95 % stratified-bootstrap confidence intervals over "
+        "runs within each task.",
+    ]
+    if all(len(s) == 1 for s in al.seeds.values()):
+        lines.append("\n**One seed per task: no confidence intervals** (the bootstrap has nothing to resample).")
+    if cautions:
+        lines += ["", "## Warnings", "", *(f"- **{w}**" for w in cautions)]
+    return lines
+
+
+def _aggregate_section(al: Aligned, st: dict[str, Any], metrics: list[str], one_seed: bool,
+                       data: dict[str, Any]) -> list[str]:
+    lines = ["", "## Aggregate final scores", "", "| method | " + " | ".join(metrics) + " | tasks | seeds per task |",
+             "|---" * (len(metrics) + 3) + "|"]
+    for m in al.methods:
+        p, c = st["point"][m], st["ci"][m]
+        cells = [_ci(p[i], c[0, i], c[1, i], one_seed) for i in range(len(metrics))]
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {len(al.tasks)} | {len(al.seeds[m])} |")
+        data["methods"][m] = {
+            "seeds": al.seeds[m], "n_tasks": len(al.tasks), "n_runs": int(st["final"][m].size),
+            **{name.lower().replace(" ", "_"): [float(p[i]), float(c[0, i]), float(c[1, i])] for i, name in enumerate(metrics)},
+            "iqm_curve": {"x": al.x.tolist(), "point": st["curve_point"][m].tolist(),
+                          "lo": st["curve_ci"][m][0].tolist(), "hi": st["curve_ci"][m][1].tolist()},
+        }
+    return lines
+
+
+def _improvement_section(st: dict[str, Any], baseline: str, one_seed: bool, data: dict[str, Any]) -> list[str]:
+    if not st["poi_point"]:
+        return []
+    lines = ["", f"## Probability of improvement over `{baseline}`", "",
+             f"P(X > {baseline}): the probability that a run of X on a task scores higher than a run of "
+             f"{baseline} on the same task, averaged over tasks.", "",
+             "| method X | P(X > baseline) |", "|---|---|"]
+    data["probability_of_improvement"] = {}
+    for pair, p in st["poi_point"].items():
+        m = pair.split(PAIR)[0]
+        lo, hi = np.ravel(st["poi_ci"][pair])
+        lines.append(f"| {m} | {_ci(float(p), lo, hi, one_seed)} |")
+        data["probability_of_improvement"][m] = [float(p), float(lo), float(hi)]
+    return lines
+
+
+def _per_task_section(al: Aligned, st: dict[str, Any]) -> list[str]:
+    lines = ["", "## Final score per task (mean ± std over seeds)", "",
+             "| method | " + " | ".join(al.tasks) + " |", "|---" * (len(al.tasks) + 1) + "|"]
+    for m in al.methods:
+        f = st["final"][m]
+        lines.append(f"| {m} | " + " | ".join(_mean_sd(f[:, j]) for j in range(len(al.tasks))) + " |")
+    return lines
+
+
+def _mean_sd(values: np.ndarray) -> str:
+    return " ± ".join(_digits(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0))
+
+
+def _first_last_section(al: Aligned, data: dict[str, Any]) -> list[str]:
+    n = SUMMARY_TASKS
+    lines = ["", f"## First {n} and last {n} tasks (mean ± std over seeds and tasks)", "",
+             f"| method | train acc, first {n} | train acc, last {n} | test acc, first {n} | test acc, last {n} |",
+             "|---|---|---|---|---|"]
+    data["first_last"] = {}
+    for m in al.methods:
+        row: dict[str, Any] = {}
+        for split, arrays in (("train", al.scores), ("test", al.test)):
+            for part, sl in (("first", slice(0, n)), ("last", slice(-n, None))):
+                per_run = np.nanmean(arrays[m][..., sl], axis=-1).ravel() if np.isfinite(arrays[m]).any() else None
+                row[f"{split}_{part}"] = None if per_run is None else \
+                    [float(per_run.mean()), float(per_run.std(ddof=1) if len(per_run) > 1 else 0.0)]
+        cells = ["—" if v is None else " ± ".join(_digits(*v)) for v in row.values()]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        data["first_last"][m] = row
+    return lines
+
+
+def _priming_section(study: Study, data: dict[str, Any]) -> list[str]:
+    primed = priming_diagnostics(study)
+    if not primed:
+        return []
+    keys = list(dict.fromkeys(k for d in primed.values() for k in d))
+    lines = ["", "## Heavy priming: diagnostics before → after the priming updates (mean over seeds)", "",
+             "| method | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for m, d in primed.items():
+        cells = [f"{np.mean(d[k][0]):.3g} → {np.mean(d[k][1]):.3g}" if k in d else "—" for k in keys]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    data["priming"] = primed
+    return lines
+
+
+CAPTIONS = {
+    "iqm_curves.png": "IQM of the score over training (all tasks × seeds) with 95 % CI bands",
+    "per_task_curves.png": "each task: mean over seeds with 95 % bootstrap CI",
+    "final_scores.png": "final median, IQM, mean (and optimality gap) with 95 % CIs; the bar is the CI, the tick the point estimate",
+    "probability_of_improvement.png": "P(X > {baseline}) with 95 % CIs; right of 0.5 = X tends to beat the baseline",
+    "performance_profile.png": "fraction of runs whose final score exceeds τ, with 95 % CI bands; a curve above another dominates it",
+    "accuracy_per_task.png": "end-of-task train (and test) accuracy by task index, mean ± std over seeds",
+}
+
+
+def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, baseline: str, pngs: list[str],
+                 reps: int, sources: Sequence[str], cautions: list[str]) -> dict[str, Any]:
+    """Write ``report.md`` and ``report.json``; returns what ``report.json`` holds."""
+    one_seed = all(len(s) == 1 for s in al.seeds.values())
+    metrics = list(METRICS) if study.normalized else list(METRICS[:3])
+    data: dict[str, Any] = {"kind": study.kind, "score": _score_name(study), "tasks": al.tasks,
+                            "final_x": float(al.x[-1]), "reps": reps, "baseline": baseline, "methods": {},
+                            "warnings": cautions}
+    lines = _header(study, al, reps, sources, cautions)
+    lines += _aggregate_section(al, st, metrics, one_seed, data)
+    lines += _improvement_section(st, baseline, one_seed, data)
+    lines += _per_task_section(al, st)
+    if study.kind == "continual":
+        lines += _first_last_section(al, data)
+    lines += _priming_section(study, data)
+    lines += ["", "## What was cut or missing", ""]
+    lines += [f"- {note}" for note in al.notes + study.missing] or ["- nothing"]
+    lines += ["", "## Figures", ""]
+    lines += [f"- `{name}`: {CAPTIONS[name].format(baseline=baseline)}\n\n  ![{name}]({name})" for name in pngs]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    data["notes"] = al.notes + study.missing
+    (out / "report.json").write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
+def few_seeds(al: Aligned) -> str | None:
+    """``few seeds per task (m n, …)`` for methods with fewer than :data:`MIN_SEEDS` seeds per task, or None."""
+    few = {m: len(s) for m, s in al.seeds.items() if len(s) < MIN_SEEDS}
+    if not few:
+        return None
+    return f"few seeds per task ({', '.join(f'{m}: {n}' for m, n in few.items())}; fewer than {MIN_SEEDS})"
+
+
+def report_warnings(study: Study, al: Aligned) -> list[str]:
+    """What makes the report's numbers less trustworthy: few seeds, runs left out for non-finite scores."""
+    few = few_seeds(al)
+    unreliable = (f"{few}: with a handful of runs per task the bootstrap confidence intervals are unreliable "
+                  "(Agarwal et al., 2021, rliable's guidance); read them as rough and add seeds")
+    return ([unreliable] if few else []) + study.warnings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sac_spectral.report", description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run directories, sweep directories or folders holding them")
+    parser.add_argument("--out", help="output folder (default: <first dir>/report)")
+    parser.add_argument("--baseline", help="method the others are compared with (default: the first)")
+    parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default: 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.seed < 2**32:
+        raise ConfigError(f"--seed must be an integer in 0 .. 2**32 - 1 (numpy's seeds), got {args.seed}")
+    if importlib.util.find_spec("rliable") is None or importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("the report needs rliable and matplotlib; pip install -e '.[report]'")
+    if args.reps < 1:
+        raise ConfigError(f"--reps must be >= 1, got {args.reps}")
+    study = load(args.dirs)
+    al = align(study)
+    baseline = args.baseline or al.methods[0]
+    if baseline not in al.methods:
+        raise ConfigError(f"--baseline '{baseline}' is not one of the methods: {', '.join(al.methods)}")
+    out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    st = compute_statistics(al, study.kind, baseline, args.reps, args.seed)
+    few = few_seeds(al)
+    pngs = figures(al, st, study.kind, out, study.normalized, few and f"{few}: bootstrap CIs unreliable")
+    cautions = report_warnings(study, al)
+    data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions)
+    for w in cautions:
+        print(f"warning: {w}", file=sys.stderr)
+    for m, d in data["methods"].items():
+        iqm = _ci(*d["iqm"], one_seed=len(d["seeds"]) == 1)
+        print(f"{m:>24}: IQM {iqm}  ({d['n_tasks']} task(s) × {len(d['seeds'])} seed(s))")
+    print(f"report: {out / 'report.md'}")
+    return 0

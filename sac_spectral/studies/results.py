@@ -1,0 +1,317 @@
+"""The runs of a report: read run and sweep directories into per-seed curves labelled by method and
+task, and align them into rectangular score arrays (common tasks, seeds and evaluation steps)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from sac_spectral.core.config import ConfigError, flatten, one_line, yaml_load
+from sac_spectral.runs.evals import EVALS, read_evals
+from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY, SUMMARY_TASKS
+from sac_spectral.studies.spec import STATUS, SWEEP_FILE, TASK_KEYS
+
+# Keys that do not make two loose runs different methods: bookkeeping, and how long they ran.
+NOT_METHOD = ("run_dir", "seed", "num_seeds", "threads", "progress", "device", "log_every", "checkpoint_every",
+              "eval_every", "eval_episodes", "total_steps", "stream.num_tasks", "diagnostics", "diagnostics_every")
+#: diagnostics compared before and after heavy priming (summary.json "priming"; per seed)
+PRIMING_KEYS = ("grad_rank/critic/erank", "grad_rank/actor/erank", "features/critic/erank", "dormant/critic/fraction",
+                "dormant/actor/fraction")
+
+
+@dataclass
+class Curve:
+    """The evaluations of one seed of one run: x (env steps or task index) → score."""
+
+    method: str
+    task: str
+    seed: int
+    run: Path
+    x: np.ndarray
+    y: np.ndarray
+    test: np.ndarray | None = None  # continual: end-of-task test accuracy (nan where not measured)
+
+
+@dataclass
+class Study:
+    """Curves grouped by method and task, and what was left out."""
+
+    kind: str
+    curves: list[Curve] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    grouping: str = ""
+    normalized: bool = True
+
+
+def _is_dmc(env: str) -> bool:
+    return env.startswith(("dmc:", "dm_control/"))
+
+
+def _kind(config: dict[str, Any]) -> str:
+    return "train" if "env" in config else "continual"
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """A JSON (``.json``) or YAML file that must hold a mapping; anything else is bad input."""
+    try:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml_load(path.read_text())
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"'{path}' cannot be read: {one_line(err)}; restore or remove it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{path}' holds {type(data).__name__}, not a mapping of keys; restore or remove it")
+    return data
+
+
+def _summary_rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The evaluations a run's ``summary.json`` records (for runs written before ``evals.csv``)."""
+    path = run_dir / SUMMARY
+    summary = read_mapping(path)
+    try:
+        seeds = summary.get("seeds") or [summary.get("seed")]
+        if kind == "train":
+            return [{"step": e["step"], "seed": s, "return": r} for e in summary["eval_history"] for s, r in zip(seeds, e["returns"])]
+        return [{**t, "seed": seeds[0]} for t in summary["tasks"]]
+    except (KeyError, TypeError) as err:
+        raise ConfigError(f"'{path}' lacks the evaluations of a {kind} run ({type(err).__name__}: {err}); "
+                          "restore or remove it") from None
+
+
+def _rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The run's evaluation rows: ``evals.csv``, else ``summary.json``."""
+    try:
+        rows = read_evals(run_dir)
+    except (ValueError, KeyError) as err:
+        raise ConfigError(f"'{run_dir / EVALS}' has a cell that is not a number ({one_line(err)}); "
+                          "fix or remove that row") from None
+    if not rows and (run_dir / SUMMARY).is_file():
+        rows = _summary_rows(run_dir, kind)
+    return rows
+
+
+def _ordered(run_dir: Path, seed: int, x: np.ndarray, key: str) -> np.ndarray:
+    """The order that sorts a seed's evaluations by ``key``; a key evaluated twice is bad input."""
+    values, counts = np.unique(x, return_counts=True)
+    if (counts > 1).any():
+        raise ConfigError(f"'{run_dir / EVALS}': {key} {values[counts > 1][0]:g} appears {counts.max()} times for seed "
+                          f"{seed}; a run evaluates each {key} once (remove the extra rows)")
+    return np.argsort(x, kind="stable")
+
+
+def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[str, list[Curve], bool]:
+    """A run directory's curves (from ``evals.csv``, else ``summary.json``) sorted by step, its kind
+    and whether its scores are normalized."""
+    config = read_mapping(run_dir / CONFIG_FILE)
+    kind, flat = _kind(config), flatten(config)
+    task = " ".join(str(flat[k]) for k in task_keys if k in flat)
+    rows = _rows(run_dir, kind)
+    normalized = kind == "continual" or _is_dmc(str(config["env"]))
+    curves = []
+    for seed in sorted({int(r["seed"]) for r in rows}):
+        mine = [r for r in rows if r["seed"] == seed]
+        if kind == "train":
+            x = np.array([r["step"] for r in mine], dtype=float)
+            y = np.array([np.nan if r["return"] is None else r["return"] for r in mine], dtype=float)
+            i = _ordered(run_dir, seed, x, "step")
+            curves.append(Curve(method, task, seed, run_dir, x[i], y[i] / (1000.0 if normalized else 1.0)))
+        else:
+            mine = [r for r in mine if r["train_acc"] is not None]
+            if not mine:
+                continue
+            x = np.array([r["task"] for r in mine], dtype=float)
+            y = np.array([r["train_acc"] for r in mine], dtype=float)
+            test = np.array([np.nan if r.get("test_acc") is None else r["test_acc"] for r in mine], dtype=float)
+            i = _ordered(run_dir, seed, x, "task")
+            curves.append(Curve(method, task, seed, run_dir, x[i], y[i], test[i]))
+    return kind, curves, normalized
+
+
+def finite_curves(curves: list[Curve], warnings: list[str]) -> list[Curve]:
+    """The curves whose scores are all finite; each other one is named in ``warnings``."""
+    kept = []
+    for c in curves:
+        bad = ~np.isfinite(c.y)
+        if bad.any():
+            warnings.append(f"{c.run} (seed {c.seed}) left out: non-finite score "
+                            f"({', '.join(f'{v:g}' for v in c.y[bad][:3])}) at x = {', '.join(f'{v:g}' for v in c.x[bad][:3])}")
+        else:
+            kept.append(c)
+    return kept
+
+
+def _discover(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
+    """Sweep directories and loose run directories under ``paths``."""
+    sweeps, runs = [], []
+
+    def visit(p: Path) -> None:
+        if (p / SWEEP_FILE).is_file() and (p / STATUS).is_file():
+            sweeps.append(p)
+        elif (p / CONFIG_FILE).is_file():
+            runs.append(p)
+        elif p.is_dir():
+            for child in sorted(p.iterdir()):
+                visit(child)
+
+    for text in paths:
+        p = Path(text)
+        if not p.is_dir():
+            raise ConfigError(f"'{text}' is not a directory (expected a run or sweep directory)")
+        visit(p)
+    if not sweeps and not runs:
+        raise ConfigError(f"no run or sweep directories under {', '.join(paths)} (a run holds {CONFIG_FILE}, a sweep {SWEEP_FILE})")
+    return sweeps, runs
+
+
+def _loose_labels(configs: list[dict[str, Any]], task_keys: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A label per loose run from the config keys in which they differ, and those keys."""
+    flats = [{k: v for k, v in flatten(c).items() if k not in task_keys and not k.startswith(NOT_METHOD)} for c in configs]
+    keys = sorted({k for f in flats for k in f})
+    differ = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flats}) > 1]
+    labels = [", ".join(f"{k}={json.dumps(f.get(k), default=str)}" for k in differ) or "runs" for f in flats]
+    return labels, differ
+
+
+def load(paths: Sequence[str]) -> Study:
+    """Every curve of the sweeps and runs under ``paths``, labelled by method and task."""
+    sweeps, runs = _discover(paths)
+    study: Study | None = None
+    notes: list[str] = []
+    warned: list[str] = []
+
+    def add(kind: str, curves: list[Curve], normalized: bool) -> None:
+        nonlocal study
+        if study is None:
+            study = Study(kind)
+        if study.kind != kind:
+            raise ConfigError("the directories mix RL and continual runs; report them separately")
+        study.curves += finite_curves(curves, warned)
+        study.normalized &= normalized
+
+    for sweep_dir in sweeps:
+        spec = read_mapping(sweep_dir / SWEEP_FILE)
+        status = read_mapping(sweep_dir / STATUS)
+        task_keys = spec.get("task_keys") or TASK_KEYS[spec["kind"]]
+        prefix = f"{spec.get('name', sweep_dir.name)}/" if len(sweeps) > 1 else ""
+        for tid, entry in status["trials"].items():
+            extra = [f"{k}={v}" for k, v in entry["task"].items() if k not in task_keys]
+            label = prefix + entry["method"] + (f" ({', '.join(extra)})" if extra else "")
+            run_dir = sweep_dir / entry["run_dir"]
+            curves: list[Curve] = []
+            if (run_dir / CONFIG_FILE).is_file():
+                kind, curves, normalized = read_run(run_dir, label, task_keys)
+                add(kind, curves, normalized)
+            if not curves:
+                why = entry["error"] if entry["status"] == "failed" else "no scored evaluation yet"
+                notes.append(f"{sweep_dir.name}/{tid} ({entry['status']}: {why})")
+        study = study or Study(spec["kind"])
+        extra_keys = [k for k in spec.get("grid") or {} if k not in task_keys]
+        study.grouping = "method of the sweep" + (f" and {', '.join(extra_keys)}" if extra_keys else "")
+    if runs:
+        configs = [read_mapping(r / CONFIG_FILE) for r in runs]
+        kinds = {_kind(c) for c in configs}
+        task_keys = TASK_KEYS["train" if "train" in kinds else "continual"]
+        labels, differ = _loose_labels(configs, task_keys)
+        for run_dir, label in zip(runs, labels):
+            kind, curves, normalized = read_run(run_dir, label, task_keys)
+            add(kind, curves, normalized)
+            if not curves:
+                notes.append(f"{run_dir} (no scored evaluation yet)")
+        grouped = f"loose runs by the config keys in which they differ ({', '.join(differ) or 'none'})"
+        study = study or Study(kinds.pop())
+        study.grouping = f"{study.grouping}; {grouped}" if sweeps else grouped
+    assert study is not None
+    study.missing, study.warnings = notes, warned
+    return study
+
+
+def _priming_values(diagnostics: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per-seed values of :data:`PRIMING_KEYS` and of each net's largest σ_max over its layers."""
+    values = {k: list(diagnostics[k]) for k in PRIMING_KEYS if k in diagnostics}
+    for net in ("critic", "actor"):
+        sigmas = [v for k, v in diagnostics.items() if k.startswith(f"spectral/{net}/") and k.endswith("/sigma_max")]
+        if sigmas:
+            values[f"sigma_max/{net}"] = np.max(sigmas, axis=0).tolist()
+    return values
+
+
+def priming_diagnostics(study: Study) -> dict[str, dict[str, list[list[float]]]]:
+    """Per method, the heavy-priming diagnostics of its finished runs: ``{key: [before, after]}``
+    with one value per seed (:func:`_priming_values`)."""
+    out: dict[str, dict[str, list[list[float]]]] = {}
+    for method, run in dict.fromkeys((c.method, c.run) for c in study.curves):
+        path = run / SUMMARY
+        priming = read_mapping(path).get("priming") if path.is_file() else None
+        if not priming or not {"before", "after"} <= set(priming):
+            continue
+        before, after = _priming_values(priming["before"]), _priming_values(priming["after"])
+        for key in (k for k in before if k in after):
+            entry = out.setdefault(method, {}).setdefault(key, [[], []])
+            entry[0] += before[key]
+            entry[1] += after[key]
+    return out
+
+
+
+@dataclass
+class Aligned:
+    """Rectangular score arrays: ``scores[m]`` is [runs, tasks, steps] on the common steps ``x``."""
+
+    methods: list[str]
+    tasks: list[str]
+    x: np.ndarray
+    scores: dict[str, np.ndarray]
+    test: dict[str, np.ndarray]
+    seeds: dict[str, list[int]]
+    notes: list[str]
+
+
+def align(study: Study) -> Aligned:
+    """Keep the tasks every method has, the same number of seeds per task within a method (the
+    fewest any task has) and the evaluation steps every kept curve has; say what was cut."""
+    curves = study.curves
+    if not curves:
+        raise ConfigError("no evaluations to report yet")
+    methods = list(dict.fromkeys(c.method for c in curves))
+    all_tasks = list(dict.fromkeys(c.task for c in curves))
+    tasks = [t for t in all_tasks if all(any(c.method == m and c.task == t for c in curves) for m in methods)]
+    notes = [f"task {t} left out: not every method has runs on it" for t in all_tasks if t not in tasks]
+    seeds: dict[str, list[int]] = {}
+    keep: dict[tuple[str, str], list[int]] = {}
+    for m in methods:
+        per_task = {t: sorted({c.seed for c in curves if c.method == m and c.task == t}) for t in tasks}
+        n = min(len(s) for s in per_task.values())
+        for t, s in per_task.items():
+            if len(s) > n:
+                notes.append(f"{m} on {t}: seeds {s[n:]} left out (another task has only {n})")
+            keep[m, t] = s[:n]
+        seeds[m] = per_task[tasks[0]][:n]
+    kept = [c for c in curves if c.task in tasks and c.seed in keep[c.method, c.task]]
+    common = sorted(set.intersection(*(set(c.x.tolist()) for c in kept)))
+    if not common:
+        raise ConfigError("the runs share no evaluation step; give them a common eval_every")
+    x = np.array(common)
+    cut = [c for c in kept if c.x.max() > x[-1]]
+    if cut:
+        notes.append(f"curves cut to {x[-1]:g}, the last evaluation every run has reached: {len(cut)} of {len(kept)} "
+                     f"seed-runs went further (up to {max(c.x.max() for c in cut):g})")
+    scores = {m: np.full((len(seeds[m]), len(tasks), len(x)), np.nan) for m in methods}
+    test = {m: np.full_like(a, np.nan) for m, a in scores.items()}
+    for c in kept:
+        i, j, idx = keep[c.method, c.task].index(c.seed), tasks.index(c.task), np.searchsorted(c.x, x)
+        scores[c.method][i, j] = c.y[idx]
+        if c.test is not None:
+            test[c.method][i, j] = c.test[idx]
+    return Aligned(methods, tasks, x, scores, test, seeds, notes)
+
+
+def final_scores(al: Aligned, kind: str) -> dict[str, np.ndarray]:
+    """[runs, tasks] per method: the score at the last common step (RL) or the mean over the last
+    ``SUMMARY_TASKS`` common tasks (continual, as the runner's summary)."""
+    window = SUMMARY_TASKS if kind == "continual" else 1
+    return {m: s[..., -window:].mean(axis=-1) for m, s in al.scores.items()}

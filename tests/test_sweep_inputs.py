@@ -1,0 +1,149 @@
+"""The sweep on bad or damaged inputs, without starting Ray: names that would escape ``--out``,
+directories it did not create, a second sweep process, a garbage ``summary.json`` or ``status.json``,
+and env ids gymnasium registers but cannot build are one-line errors or safe rebuilds."""
+
+import fcntl
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.studies import spec, sweep, trial
+from sac_spectral.studies.status import Status, read_status
+from sac_spectral.studies.trial import run_trial, trial_state
+
+TINY = {
+    "kind": "train",
+    "base": {"env": "dmc:cartpole-balance", "random_steps": 50, "total_steps": 100, "eval_every": 0, "eval_episodes": 1,
+             "batch_size": 8, "actor.hidden": [8], "critic.hidden": [8], "diagnostics.every": 0},
+    "methods": {"sac": {}},
+    "seeds": [0, 1],
+}
+
+
+def write_sweep(path: Path, data: dict | None = None) -> Path:
+    path.write_text(yaml.safe_dump(data or TINY, sort_keys=False))
+    return path
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def tree(path: Path) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in path.rglob("*")}
+
+
+# ----------------------------------------------------------------------------- names and paths
+def test_a_sweep_file_name_that_is_not_a_folder_name_is_refused(tmp_path, capsys):
+    out = tmp_path / "parent" / "out"
+    out.mkdir(parents=True)
+    keep = tmp_path / "parent" / "sac" / "s0"
+    keep.mkdir(parents=True)
+    (keep / "notes.txt").write_text("mine")
+    cfg = write_sweep(tmp_path / "...yaml")
+    before = tree(tmp_path / "parent")
+    assert run_cli(sweep.main, ["--config", str(cfg), "--out", str(out), "--no-progress"]) == 2
+    assert "is not a plain folder name" in one_error_line(capsys)
+    assert tree(tmp_path / "parent") == before
+
+
+@pytest.mark.parametrize("grid", [{"env": [".."]}, {"env": ["."]}, {"env": ["dmc:cheetah-run", ".."]}])
+def test_grid_values_cannot_name_dot_folders(tmp_path, capsys, grid):
+    cfg = write_sweep(tmp_path / "g.yaml", {**TINY, "grid": grid})
+    assert run_cli(sweep.main, ["--config", str(cfg), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    assert "grid" in one_error_line(capsys)
+    with pytest.raises(spec.ConfigError):
+        spec.load_sweep(str(cfg), [])
+
+
+def trial_spec(root: Path, tid: str) -> dict:
+    return {"kind": "train", "base": str(root / "base.yaml"), "overrides": [], "run_dir": str(root / tid),
+            "log": str(root / "logs" / f"{tid}.log"), "threads": 1, "code_root": str(root), "cwd": str(root)}
+
+
+def test_a_trial_never_removes_a_directory_with_files_a_run_does_not_write(tmp_path):
+    run_dir = tmp_path / "sac" / "s0"
+    (run_dir / "sub").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("env: x\n")
+    (run_dir / "sub" / "data.bin").write_bytes(b"mine")
+    events = list(run_trial(trial_spec(tmp_path, "sac/s0")))
+    assert events == [{"event": "finished", "exit_code": 2, "wall_s": 0.0, "error": events[0]["error"]}]
+    assert "holds files a run does not write" in events[0]["error"]
+    assert (run_dir / "sub" / "data.bin").read_bytes() == b"mine"
+
+
+def test_what_a_run_writes_before_its_first_checkpoint_may_be_removed(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("config.yaml", "evals.csv", "events.out.tfevents.1.host", ".config.yaml.x1.tmp",
+                 "checkpoints/.latest.pt.x2.tmp"):
+        (tmp_path / name).write_text("")
+    assert trial.written_by_a_run(tmp_path)
+    (tmp_path / "checkpoints" / "other.pt").write_text("")
+    assert not trial.written_by_a_run(tmp_path)
+
+
+# ----------------------------------------------------------------------------- a second process
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_refused_second_sweep_process_writes_nothing(tmp_path, capsys, existing):
+    cfg = write_sweep(tmp_path / "tiny.yaml")
+    root = tmp_path / "out" / "tiny"
+    root.mkdir(parents=True)
+    if existing:
+        (root / "sweep.yaml").write_text(yaml.safe_dump(spec.load_sweep(str(cfg), []).resolved(), sort_keys=False))
+        (root / "status.json").write_text('{"trials": {}}')
+    with (root / ".sweep.lock").open("a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = tree(root)
+        assert run_cli(sweep.main, ["--config", str(cfg), "--out", str(tmp_path / "out"), "seeds=[0, 1, 2]"]) == 2
+        assert "another sweep process is running" in one_error_line(capsys)
+        assert tree(root) == before
+
+
+# ----------------------------------------------------------------------------- summary.json
+def finished_run(run_dir: Path, summary: str, env: str = "dmc:cartpole-balance", seed: int = 0) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"env": env, "seed": seed, "num_seeds": 1}))
+    (run_dir / "summary.json").write_text(summary)
+    return run_dir
+
+
+@pytest.mark.parametrize("summary", ["{garbage", "[]", "null", json.dumps({"env": "dmc:cheetah-run", "seeds": [0]}),
+                                     json.dumps({"env": "dmc:cartpole-balance", "seeds": [1]})])
+def test_a_garbage_or_foreign_summary_is_not_a_finished_trial(tmp_path, summary):
+    assert trial_state(finished_run(tmp_path / "r", summary)) == "fresh"
+
+
+def test_a_summary_of_the_trials_config_is_a_finished_trial(tmp_path):
+    run = finished_run(tmp_path / "r", json.dumps({"env": "dmc:cartpole-balance", "seeds": [0], "steps": 100}))
+    assert trial_state(run) == "done"
+
+
+# ----------------------------------------------------------------------------- status.json
+@pytest.mark.parametrize("text", ['{"trials": {"sac/s0": {"status": "fa', "[]", '{"trials": []}',
+                                  '{"trials": {"sac/s0": "done"}}', '{"trials": {"sac/s0": 3}}'])
+def test_a_damaged_status_is_rebuilt_from_the_trial_dirs(tmp_path, capsys, text):
+    cfg = write_sweep(tmp_path / "tiny.yaml")
+    s = spec.load_sweep(str(cfg), [])
+    root = tmp_path / "tiny"
+    finished_run(root / "sac" / "s0", json.dumps({"env": "dmc:cartpole-balance", "seeds": [0]}))
+    (root / "status.json").write_text(text)
+    status = Status(s, root, read_status(root))
+    assert {t: e["status"] for t, e in status.trials.items()} == {"sac/s0": "done", "sac/s1": "pending"}
+    err = capsys.readouterr().err
+    assert "status.json is damaged" in err and "rebuilt" in err
+
+
+# ----------------------------------------------------------------------------- envs
+@pytest.mark.parametrize("env,cls", [("Reacher-v2", "ImportError"), ("dm_control/compatibility-env-v0", "TypeError"),
+                                     ("phys2d/Pendulum-v0", "ModuleNotFoundError")])
+def test_dry_run_of_an_env_gymnasium_cannot_build_is_one_line(tmp_path, capsys, env, cls):
+    cfg = write_sweep(tmp_path / "e.yaml", {**TINY, "grid": {"env": [env]}})
+    assert run_cli(sweep.main, ["--config", str(cfg), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: env: '{env}' cannot be built here ({cls}")
+    assert not (tmp_path / "out").exists()
