@@ -1016,6 +1016,48 @@ def help_of_every_tool(ctx: Ctx) -> list[str]:
     return problems
 
 
+# ------------------------------------------------------------- paths, sizes and files that cannot be used
+def _alias_bomb(levels: int) -> str:
+    """A YAML list whose ``levels`` nested levels of 9 aliases expand to 9 ** levels strings."""
+    parts = ["&a0 [x, x, x, x, x, x, x, x, x]"]
+    parts += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+@attack()
+def config_file_alias_bomb(ctx: Ctx) -> list[str]:
+    f = ctx.path("bomb.yaml")
+    f.write_text(f"critic:\n  hidden: {_alias_bomb(9)}\n")
+    rd = ctx.path("bomb_rd")
+    p = ctx.T("--config", f, f"run_dir={rd}", timeout=60)
+    return expect_error(p, 2, "alias") + (["run dir written"] if rd.exists() else [])
+
+
+@attack()
+def alias_bomb_override_is_not_spelled_out(ctx: Ctx) -> list[str]:
+    """Aliases within the bound: the error names the key and shows the value cut short."""
+    rd = ctx.path("small_bomb_rd")
+    p = ctx.T(*RL, f"total_steps={_alias_bomb(4)}", f"run_dir={rd}", timeout=60)
+    problems = expect_error(p, 2, "total_steps")
+    if len(p.err) > 1000:
+        problems.append(f"{len(p.err)} characters on stderr")
+    return problems
+
+
+@attack()
+def config_file_recursive_alias(ctx: Ctx) -> list[str]:
+    f = ctx.path("loop.yaml")
+    f.write_text("critic:\n  hidden: &a [1, *a]\n")
+    return expect_error(ctx.T("--config", f, f"run_dir={ctx.path('loop_rd')}"), 2, "alias")
+
+
+@attack()
+def config_file_nested_too_deeply(ctx: Ctx) -> list[str]:
+    f = ctx.path("deep.yaml")
+    f.write_text("critic:\n  hidden: " + "[" * 5000 + "]" * 5000 + "\n")
+    return expect_error(ctx.T("--config", f, f"run_dir={ctx.path('deep_rd')}"), 2, "nested")
+
+
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
     return Ctx(tmp_path_factory.mktemp("attacks"))
