@@ -1058,6 +1058,21 @@ def config_file_nested_too_deeply(ctx: Ctx) -> list[str]:
     return expect_error(ctx.T("--config", f, f"run_dir={ctx.path('deep_rd')}"), 2, "nested")
 
 
+def _unbuildable_env(env_id: str, cause: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.path("env")
+        p = ctx.T(*RL, "total_steps=60", f"env={env_id}", f"run_dir={rd}")
+        return expect_error(p, 2, env_id, cause) + (["run dir written"] if rd.exists() else [])
+
+    fn.__name__ = f"registered_env_that_cannot_be_built_{env_id.split('/')[0].replace('-', '_').lower()}"
+    return fn
+
+
+attack()(_unbuildable_env("Reacher-v2", "gymnasium-robotics"))
+attack()(_unbuildable_env("dm_control/compatibility-env-v0", "missing"))
+attack()(_unbuildable_env("phys2d/Pendulum-v0", "jax"))
+
+
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
     return Ctx(tmp_path_factory.mktemp("attacks"))
