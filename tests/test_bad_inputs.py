@@ -1025,6 +1025,13 @@ def _alias_bomb(levels: int) -> str:
 
 
 @attack()
+def continual_absurd_depth(ctx: Ctx) -> list[str]:
+    rd = ctx.path("deep")
+    p = ctx.C(*CL, "model.depth=100000", "model.width=2", f"run_dir={rd}", timeout=60)
+    return expect_error(p, 2, "depth", "1000") + (["run dir written"] if rd.exists() else [])
+
+
+@attack()
 def config_file_alias_bomb(ctx: Ctx) -> list[str]:
     f = ctx.path("bomb.yaml")
     f.write_text(f"critic:\n  hidden: {_alias_bomb(9)}\n")
