@@ -1080,6 +1080,25 @@ attack()(_unbuildable_env("dm_control/compatibility-env-v0", "missing"))
 attack()(_unbuildable_env("phys2d/Pendulum-v0", "jax"))
 
 
+def _long_run_dir(tool: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.ws / ("x" * 300)
+        p = ctx.T(*RL, "total_steps=60", f"run_dir={rd}") if tool == "train" else ctx.C(*CL, f"run_dir={rd}")
+        return expect_error(p, 2, "run_dir", "too long")
+
+    fn.__name__ = f"{tool}_run_dir_name_too_long"
+    return fn
+
+
+attack()(_long_run_dir("train"))
+attack()(_long_run_dir("continual"))
+
+
+@attack()
+def resume_name_too_long(ctx: Ctx) -> list[str]:
+    return expect_error(ctx.T("--resume", ctx.ws / ("x" * 300)), 2, "--resume", "too long")
+
+
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
     return Ctx(tmp_path_factory.mktemp("attacks"))
