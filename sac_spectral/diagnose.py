@@ -26,6 +26,7 @@ from sac_spectral.core.config import ConfigError, merge_sources, read_yaml
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import Report
 from sac_spectral.core.config import one_line
+from sac_spectral.core.threads import check_threads
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint, write_json
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
@@ -128,12 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by python -m sac_spectral.train")
     parser.add_argument("--batch-size", type=int, help="probe transitions (default: the run's diagnostics.batch_size)")
     parser.add_argument("--tau", type=float, help="dormant threshold (default: the run's diagnostics.tau)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads, at most the cores this process may use (default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write the values as JSON")
     parser.add_argument("--plot", metavar="FILE", help="also draw the singular values to a PNG (needs matplotlib)")
     args = parser.parse_args(argv)
-    if args.threads < 1:
-        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    check_threads(args.threads, "--threads", allow_auto=False)
     if args.batch_size is not None and args.batch_size < 2:
         raise ConfigError(f"--batch-size: must be >= 2 (rows of the per-example gradient matrix), got {args.batch_size}")
     if args.tau is not None and not (math.isfinite(args.tau) and args.tau >= 0):

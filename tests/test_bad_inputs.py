@@ -1025,6 +1025,26 @@ def _alias_bomb(levels: int) -> str:
 
 
 @attack()
+def diagnose_more_threads_than_cores(ctx: Ctx) -> list[str]:
+    return expect_error(ctx.D(ctx.fixture("R"), "--threads", "100000"), 2, "--threads", "cores")
+
+
+def _threads_attack(tool: str) -> Callable[[Ctx], list[str]]:
+    def fn(ctx: Ctx) -> list[str]:
+        rd = ctx.path("threads")
+        p = ctx.T(*RL, "total_steps=60", "threads=100000", f"run_dir={rd}") if tool == "train" else \
+            ctx.C(*CL, "threads=100000", f"run_dir={rd}")
+        return expect_error(p, 2, "threads", "cores") + (["run dir written"] if rd.exists() else [])
+
+    fn.__name__ = f"{tool}_more_threads_than_cores"
+    return fn
+
+
+attack()(_threads_attack("train"))
+attack()(_threads_attack("continual"))
+
+
+@attack()
 def continual_absurd_depth(ctx: Ctx) -> list[str]:
     rd = ctx.path("deep")
     p = ctx.C(*CL, "model.depth=100000", "model.width=2", f"run_dir={rd}", timeout=60)

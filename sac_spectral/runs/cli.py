@@ -31,7 +31,7 @@ from sac_spectral.core.config import (
     read_yaml,
     to_dict,
 )
-from sac_spectral.core.threads import allowed_cores, choose_threads
+from sac_spectral.core.threads import allowed_cores, check_threads, choose_threads
 from sac_spectral.runs.checkpoint import NO_SPACE, checkpoint_config
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
 from sac_spectral.core.config import flatten
@@ -164,7 +164,9 @@ def recorded_config(cfg: Any) -> dict[str, Any]:
 
 def set_torch_threads(requested: int) -> str:
     """Give torch ``requested`` CPU threads, or with 0 the cores other processes left idle while this
-    one started (:mod:`sac_spectral.core.threads`). Returns how many and why, for the run's summary line."""
+    one started (:mod:`sac_spectral.core.threads`). Returns how many and why, for the run's summary line.
+    A count beyond the cores this process may use is a :class:`ConfigError`."""
+    check_threads(requested)
     threads, why = choose_threads(requested, torch.get_num_threads())
     torch.set_num_threads(threads)
     plural = "s" * (threads > 1)
