@@ -27,7 +27,7 @@ from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import Report
 from sac_spectral.core.config import one_line
 from sac_spectral.core.threads import check_threads
-from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint, write_json
+from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint, replaceable, write_json
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
 from sac_spectral.train import TrainConfig, check_format
@@ -81,6 +81,7 @@ def _writable_file(option: str, path: str) -> Path:
         raise ConfigError(f"{option} {path}: folder {folder} does not exist (or is not a directory)")
     if not os.access(folder, os.W_OK):
         raise ConfigError(f"{option} {path}: folder {folder} is not writable")
+    replaceable(p)
     return p
 
 

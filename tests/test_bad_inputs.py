@@ -13,6 +13,7 @@ import pickle
 import random
 import shutil
 import signal
+import stat
 import struct
 import time
 import zipfile
@@ -23,6 +24,7 @@ import pytest
 import torch
 import yaml
 from attacks import (
+    AS_ROOT,
     CKPT,
     CL,
     RL,
@@ -1022,6 +1024,23 @@ def _alias_bomb(levels: int) -> str:
     parts = ["&a0 [x, x, x, x, x, x, x, x, x]"]
     parts += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
     return "[" + ", ".join(parts) + "]"
+
+
+@attack()
+def diagnose_json_to_a_device(ctx: Ctx) -> list[str]:
+    """A character device (a pipe where mknod needs root) is not replaced by the JSON file, and
+    the diagnostics do not run before the refusal."""
+    node = ctx.path("device")
+    if AS_ROOT:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    else:
+        os.mkfifo(node)
+    kind = os.lstat(node).st_mode
+    p = ctx.D(ctx.fixture("R"), "--json", node)
+    problems = expect_error(p, 2, node.name, "regular file")
+    if os.lstat(node).st_mode != kind:
+        problems.append("the device was replaced")
+    return problems + (["the diagnostics ran before the refusal"] if p.out.strip() else [])
 
 
 @attack()
