@@ -1044,6 +1044,16 @@ def diagnose_json_to_a_device(ctx: Ctx) -> list[str]:
 
 
 @attack()
+def diagnose_plot_in_an_unknown_format(ctx: Ctx) -> list[str]:
+    out = ctx.path("plot.txt")
+    p = ctx.D(ctx.fixture("R"), "--plot", out)
+    problems = expect_error(p, 2, "'txt'", "png")
+    if out.exists():
+        problems.append("a file was written")
+    return problems + (["the diagnostics ran before the refusal"] if p.out.strip() else [])
+
+
+@attack()
 def diagnose_more_threads_than_cores(ctx: Ctx) -> list[str]:
     return expect_error(ctx.D(ctx.fixture("R"), "--threads", "100000"), 2, "--threads", "cores")
 
