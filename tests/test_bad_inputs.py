@@ -62,7 +62,7 @@ def attack(slow: bool = False) -> Callable[[Callable[[Ctx], list[str]]], Callabl
     return wrap
 
 
-@attack()
+@attack(slow=True)
 def optimizer_state_overflow_rl(ctx: Ctx) -> list[str]:
     rd = ctx.path("adam_inf")
     p = ctx.T(*RL, "total_steps=600", "checkpoint_every=100", "critic.lr=1e3", "actor.lr=1e3", f"run_dir={rd}")
@@ -72,7 +72,7 @@ def optimizer_state_overflow_rl(ctx: Ctx) -> list[str]:
     return problems
 
 
-@attack()
+@attack(slow=True)
 def optimizer_state_overflow_continual(ctx: Ctx) -> list[str]:
     rd = ctx.path("adam_inf_cl")
     p = ctx.C(*CL, "stream.num_tasks=4", "optimizer.lr=1e30", "regularizers=[]", "gradient_diagnostics=false",
@@ -453,7 +453,7 @@ def _kill_before_first_checkpoint(ctx: Ctx, rd: Path) -> None:
     p.communicate()
 
 
-@attack()
+@attack(slow=True)
 def resume_after_kill_before_first_checkpoint(ctx: Ctx) -> list[str]:
     rd = ctx.path("dead_resume")
     _kill_before_first_checkpoint(ctx, rd)
@@ -464,7 +464,7 @@ def resume_after_kill_before_first_checkpoint(ctx: Ctx) -> list[str]:
     return problems
 
 
-@attack()
+@attack(slow=True)
 def fresh_run_into_dir_killed_before_first_checkpoint(ctx: Ctx) -> list[str]:
     rd = ctx.path("dead_fresh")
     _kill_before_first_checkpoint(ctx, rd)
@@ -573,9 +573,9 @@ def _kill_randomly(ctx: Ctx, tool: str, seed: int) -> list[str]:
 
 
 for _seed in range(4):
-    register(f"kill9_random_train_{_seed}", lambda ctx, s=_seed: _kill_randomly(ctx, "train", s))
+    register(f"kill9_random_train_{_seed}", lambda ctx, s=_seed: _kill_randomly(ctx, "train", s), slow=True)
 for _seed in range(2):
-    register(f"kill9_random_continual_{_seed}", lambda ctx, s=_seed: _kill_randomly(ctx, "continual", s))
+    register(f"kill9_random_continual_{_seed}", lambda ctx, s=_seed: _kill_randomly(ctx, "continual", s), slow=True)
 
 
 def _kill_during_write(ctx: Ctx, seed: int) -> list[str]:
@@ -608,7 +608,7 @@ def _kill_during_write(ctx: Ctx, seed: int) -> list[str]:
 
 
 for _seed in range(3):
-    register(f"kill9_during_checkpoint_write_{_seed}", lambda ctx, s=_seed: _kill_during_write(ctx, s))
+    register(f"kill9_during_checkpoint_write_{_seed}", lambda ctx, s=_seed: _kill_during_write(ctx, s), slow=True)
 
 
 def _signal_attack(tool: str, sig: int, twice: bool = False) -> Callable[[Ctx], list[str]]:
@@ -649,9 +649,9 @@ def _signal_attack(tool: str, sig: int, twice: bool = False) -> Callable[[Ctx], 
 
 
 for _tool in ("train", "continual"):
-    attack()(_signal_attack(_tool, signal.SIGINT))
-    attack()(_signal_attack(_tool, signal.SIGTERM))
-attack()(_signal_attack("train", signal.SIGINT, twice=True))
+    attack(slow=True)(_signal_attack(_tool, signal.SIGINT))
+    attack(slow=True)(_signal_attack(_tool, signal.SIGTERM))
+attack(slow=True)(_signal_attack("train", signal.SIGINT, twice=True))
 
 
 def _plain_error(tool: str, args: Sequence[str], code: int, *fragments: str) -> Callable[[Ctx], list[str]]:
@@ -994,7 +994,7 @@ def mnist_files_are_fine(ctx: Ctx) -> list[str]:
     return expect_ok(ctx.C(*CL, "dataset.name=mnist", f"dataset.data_dir={root}", f"run_dir={ctx.path('idx_ok_rd')}"))
 
 
-@attack()
+@attack(slow=True)
 def two_resumes_of_one_run_at_once(ctx: Ctx) -> list[str]:
     rd = ctx.copy("R", "two_resumes")
     procs = [ctx.popen(["-m", "sac_spectral.train", "--resume", rd, "total_steps=3000"]) for _ in range(2)]
