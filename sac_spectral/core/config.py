@@ -41,7 +41,6 @@ class _Loader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep)
 
-
     def construct_document(self, node: yaml.Node) -> Any:
         """Refuse a document whose aliases expand to more than :data:`MAX_ALIASED_VALUES` values
         (a few hundred bytes of nested aliases can stand for billions) or refer to themselves."""
