@@ -19,12 +19,14 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import DtypeObservation, FlattenObservation, RescaleAction
 
+from sac_spectral.core.config import one_line
+
 DMC_PREFIX = "dmc:"
 SHIMMY_PREFIX = "dm_control/"
 
 
 class UnknownEnvError(ValueError):
-    """An environment id that no registry knows."""
+    """An environment id that no registry knows, or whose registered entry point fails to build."""
 
 
 class ActionRepeat(gym.Wrapper):
@@ -91,6 +93,9 @@ def make_env(env_id: str, seed: int, action_repeat: int = 1) -> gym.Env:
             env = gym.make(gym_id, disable_env_checker=True)
         except gym.error.DependencyNotInstalled as err:
             raise UnknownEnvError(f"environment '{env_id}' needs an extra: {err} (pip install -e '.[mujoco]')") from None
+        except Exception as err:  # noqa: BLE001 - a registered id whose entry point fails in any way
+            raise UnknownEnvError(f"environment '{env_id}' is registered but cannot be built here "
+                                  f"({type(err).__name__}: {one_line(err)})") from None
         if not isinstance(env.action_space, spaces.Box):
             raise UnknownEnvError(
                 f"environment '{env_id}' has a {type(env.action_space).__name__} action space; SAC needs a continuous Box"

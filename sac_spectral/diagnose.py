@@ -4,8 +4,9 @@ Loads a run's ``checkpoints/latest.pt`` with the config recorded in it (``config
 checkpoints), rebuilds the saved agent and replay buffer (no environment is created) and prints the diagnostics of the saved actor and critics on a
 probe batch from the saved buffer: per-example gradient rank of their losses, weight spectra per
 layer, feature rank and dormant units. Values are per seed (critics averaged within a seed).
-``--plot`` draws the singular values (needs matplotlib, an optional dependency). Runs of
-``python -m sac_spectral.continual`` log the same diagnostics to TensorBoard instead.
+``--plot`` draws the singular values in the format the file's extension names (needs matplotlib,
+an optional dependency). Runs of ``python -m sac_spectral.continual`` log the same diagnostics to
+TensorBoard instead.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from sac_spectral.core.config import ConfigError, merge_sources, read_yaml
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import Report
 from sac_spectral.core.config import one_line
-from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint, write_json
+from sac_spectral.core.threads import check_threads
+from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint, replaceable, write_json
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
 from sac_spectral.train import TrainConfig, check_format
@@ -80,7 +82,21 @@ def _writable_file(option: str, path: str) -> Path:
         raise ConfigError(f"{option} {path}: folder {folder} does not exist (or is not a directory)")
     if not os.access(folder, os.W_OK):
         raise ConfigError(f"{option} {path}: folder {folder} is not writable")
+    replaceable(p)
     return p
+
+
+def check_plot_format(path: Path) -> None:
+    """``--plot FILE``: matplotlib is installed and writes the format the extension names."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
+    formats = FigureCanvasBase.get_supported_filetypes()
+    fmt = path.suffix[1:].lower()
+    if fmt not in formats:
+        problem = f"format '{fmt}' is not supported" if fmt else "no file extension to tell the format"
+        raise ConfigError(f"--plot {path}: {problem}; valid extensions: {', '.join(sorted(formats))}")
 
 
 def per_seed(agent: SAC, reports: dict[str, Report]) -> dict[str, list[float]]:
@@ -128,22 +144,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by python -m sac_spectral.train")
     parser.add_argument("--batch-size", type=int, help="probe transitions (default: the run's diagnostics.batch_size)")
     parser.add_argument("--tau", type=float, help="dormant threshold (default: the run's diagnostics.tau)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads, at most the cores this process may use (default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write the values as JSON")
-    parser.add_argument("--plot", metavar="FILE", help="also draw the singular values to a PNG (needs matplotlib)")
+    parser.add_argument("--plot", metavar="FILE", help="also draw the singular values to FILE, in the format its extension "
+                        "names (.png, .pdf, .svg, …; needs matplotlib)")
     args = parser.parse_args(argv)
-    if args.threads < 1:
-        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    check_threads(args.threads, "--threads", allow_auto=False)
     if args.batch_size is not None and args.batch_size < 2:
         raise ConfigError(f"--batch-size: must be >= 2 (rows of the per-example gradient matrix), got {args.batch_size}")
     if args.tau is not None and not (math.isfinite(args.tau) and args.tau >= 0):
         raise ConfigError(f"--tau: must be a finite number >= 0, got {args.tau}")
     outputs = {opt: _writable_file(opt, path) for opt, path in (("--json", args.json), ("--plot", args.plot)) if path}
-    if args.plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ConfigError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
+    if "--plot" in outputs:
+        check_plot_format(outputs["--plot"])
     torch.set_num_threads(args.threads)
     cfg, agent, buffer, updates = load_run(Path(args.run_dir))
     dcfg = cfg.diagnostics

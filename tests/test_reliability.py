@@ -442,7 +442,7 @@ def test12_damaged_cifar_and_svhn_files_name_the_file(tmp_path):
 
 # ----------------------------------------------------------------------------- 13: diagnose options
 @pytest.mark.parametrize("option, fragment", [
-    (["--threads", "-1"], "--threads: must be >= 1"), (["--threads", "0"], "--threads: must be >= 1"),
+    (["--threads", "-1"], "--threads: -1 is out of range; valid: 1 to"), (["--threads", "0"], "--threads: 0 is out of range"),
     (["--tau", "nan"], "--tau: must be a finite number"), (["--batch-size", "1"], "--batch-size: must be >= 2"),
 ])
 def test13_bad_diagnose_options_are_one_line(rl_run, capsys, option, fragment):

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,16 @@ class _Loader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Refuse a document whose aliases expand to more than :data:`MAX_ALIASED_VALUES` values
+        (a few hundred bytes of nested aliases can stand for billions) or refer to themselves."""
+        added = _aliased_values(node)
+        if added > MAX_ALIASED_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"its aliases (*name) would add {added} values; at most {MAX_ALIASED_VALUES} "
+                "may be added", node.start_mark)
+        return super().construct_document(node)
+
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
@@ -47,10 +58,46 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"),
 )
 
+#: values that aliases (``*name``) may add to a YAML document when expanded
+MAX_ALIASED_VALUES = 10_000
+
+
+def _aliased_values(root: yaml.Node) -> int:
+    """Values that aliases add to the document ``root`` when expanded: every node counted once per
+    path that reaches it, minus the distinct nodes. A node that contains itself raises."""
+    size: dict[int, int] = {}
+    entered: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        if children_done:
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            continue
+        if key in size:
+            continue
+        if key in entered:
+            raise yaml.constructor.ConstructorError(None, None, "an alias (*name) refers to the value that holds it",
+                                                    node.start_mark)
+        entered.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+    return size[id(root)] - len(size)
+
 
 def yaml_load(text: str) -> Any:
-    """Parse YAML with :class:`_Loader`."""
-    return yaml.load(text, Loader=_Loader)
+    """Parse YAML with :class:`_Loader`; aliases that expand too far and nesting too deep for the
+    parser are YAML errors."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
 
 
 class ConfigError(ValueError):
@@ -61,6 +108,19 @@ def one_line(err: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message, without torch's advice to load unsafely."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+#: characters of a value shown in an error message
+SHOWN_CHARS = 80
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, SHOWN_CHARS, SHOWN_CHARS, SHOWN_CHARS
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to :data:`SHOWN_CHARS` characters, without formatting more of a big
+    (or alias-shared) value than it shows."""
+    text = _REPR.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -103,12 +163,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {shown(value)}")
         return from_dict(tp, value, prefix=f"{key}.")
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+            raise ConfigError(f"{key}: {shown(value)} is not one of {', '.join(map(repr, choices))}")
         return value
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -121,23 +181,23 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 return coerce(value, arg, key)
             except ConfigError:
                 continue
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {shown(value)}")
     if origin in (list, Sequence):
         (item_tp,) = typing.get_args(tp) or (Any,)
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-            raise ConfigError(f"{key}: expected a list ({_type_name(tp)}), got {value!r}")
+            raise ConfigError(f"{key}: expected a list ({_type_name(tp)}), got {shown(value)}")
         return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin in (dict, Mapping):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {shown(value)}")
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {shown(value)}")
     if tp is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -150,10 +210,10 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             else:
                 if as_float.is_integer():
                     return int(as_float)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
     if tp is float:
         if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {shown(value)}")
         number: float | None = None
         if isinstance(value, (int, float)):
             try:
@@ -166,14 +226,14 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
         if number is None:
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {shown(value)}")
         if not math.isfinite(number):
-            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+            raise ConfigError(f"{key}: must be a finite number, got {shown(value)}")
         return number
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {shown(value)}")
     raise ConfigError(f"{key}: unsupported config type {_type_name(tp)}")
 
 
@@ -231,7 +291,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
-        raise ConfigError(f"override '{text}': value is not valid YAML ({err.problem})") from None
+        raise ConfigError(f"override '{text}': value is not valid YAML ({_yaml_problem(err)})") from None
     return key.split("."), value
 
 

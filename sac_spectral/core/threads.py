@@ -24,6 +24,8 @@ import os
 import sys
 import time
 
+from sac_spectral.core.config import ConfigError
+
 SPIN_COUNT = "10000"
 _MIN_WINDOW_S = 0.1
 
@@ -38,6 +40,16 @@ def configure_openmp() -> None:
 def allowed_cores() -> list[int]:
     """The CPUs this process may run on."""
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def check_threads(threads: int, key: str = "threads", allow_auto: bool = True) -> None:
+    """Raise a one-line :class:`ConfigError` unless ``threads`` lies between 1 (0 with
+    ``allow_auto``: choose) and the number of cores this process may use; ``key`` names the
+    option (torch crashes with far more threads than cores)."""
+    low, high = (0 if allow_auto else 1), len(allowed_cores())
+    if not low <= threads <= high:
+        auto = " (0: those that other processes leave idle)" if allow_auto else ""
+        raise ConfigError(f"{key}: {threads} is out of range; valid: {low} to {high}, the cores this process may use{auto}")
 
 
 def _cpu_jiffies(cpus: list[int]) -> tuple[int, int] | None:

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import re
+import stat
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -49,13 +50,32 @@ class _RecordingWriter:
         self.f.flush()
 
 
+def replaceable(path: Path) -> Path:
+    """Where an atomic write of ``path`` renames its file: ``path`` with symbolic links followed,
+    which must be a regular file or nothing. A directory, device, pipe or socket raises a
+    one-line :class:`ConfigError` (a rename would replace it); a path that cannot be looked up
+    raises its OSError."""
+    target = Path(os.path.realpath(path))
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        return target
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a device, pipe or socket)"
+        raise ConfigError(f"{path} is {kind}; only a regular file (or a new name) can be written, so nothing was written")
+    return target
+
+
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Write to a temporary file in ``path``'s directory, fsync, rename over ``path``. On failure
-    the temporary file is removed, ``path`` is untouched, and an OSError names ``path``."""
+    """Write to a temporary file in the directory of ``path`` (symbolic links followed), fsync,
+    rename over it. Only a regular file or a new name is replaced (else :class:`ConfigError`, see
+    :func:`replaceable`). On failure the temporary file is removed, ``path`` is untouched, and an
+    OSError names ``path``."""
     tmp: str | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        target = replaceable(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         os.chmod(tmp, 0o644)
         with os.fdopen(fd, mode) as f:
             sink = _RecordingWriter(f) if "b" in mode else f
@@ -67,7 +87,7 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
                 raise
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as err:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)

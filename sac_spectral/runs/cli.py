@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,10 @@ from sac_spectral.core.config import (
     read_yaml,
     to_dict,
 )
-from sac_spectral.core.threads import allowed_cores, choose_threads
+from sac_spectral.core.threads import allowed_cores, check_threads, choose_threads
 from sac_spectral.runs.checkpoint import NO_SPACE, checkpoint_config
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
-from sac_spectral.runs.rundir import is_unstarted_run_dir
+from sac_spectral.runs.rundir import is_unstarted_run_dir, lookup
 
 T = TypeVar("T")
 
@@ -110,8 +111,9 @@ def resolve_config(cls: type[T], args: argparse.Namespace, resumable: Iterable[s
     if args.config:
         raise ConfigError("--resume takes the run's saved config.yaml; do not pass --config as well")
     run_dir = Path(args.resume)
-    if not run_dir.is_dir():
-        what = "is a file, not a run directory" if run_dir.exists() else "no such run directory"
+    found = lookup(run_dir, "--resume")
+    if found is None or not stat.S_ISDIR(found.st_mode):
+        what = "is a file, not a run directory" if found is not None else "no such run directory"
         raise ConfigError(f"cannot resume '{run_dir}': {what}")
     if not (run_dir / CONFIG_FILE).is_file():
         raise ConfigError(f"cannot resume '{run_dir}': {run_dir / CONFIG_FILE} is missing")
@@ -161,7 +163,9 @@ def recorded_config(cfg: Any) -> dict[str, Any]:
 
 def set_torch_threads(requested: int) -> str:
     """Give torch ``requested`` CPU threads, or with 0 the cores other processes left idle while this
-    one started (:mod:`sac_spectral.core.threads`). Returns how many and why, for the run's summary line."""
+    one started (:mod:`sac_spectral.core.threads`). Returns how many and why, for the run's summary line.
+    A count beyond the cores this process may use is a :class:`ConfigError`."""
+    check_threads(requested)
     threads, why = choose_threads(requested, torch.get_num_threads())
     torch.set_num_threads(threads)
     plural = "s" * (threads > 1)

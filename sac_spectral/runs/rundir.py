@@ -9,6 +9,7 @@ import errno
 import fcntl
 import os
 import re
+import stat
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -25,8 +26,8 @@ from sac_spectral.runs.checkpoint import NO_SPACE, atomic_write, load_checkpoint
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY
 from sac_spectral.core.config import flatten
 
-#: errno values that mean a path cannot be written by this process
-UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
+#: errno values that mean a path cannot be used by this process (bad input, not an I/O failure)
+UNUSABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
 
 
 _STALE = re.compile(r"^\.(latest\.pt|config\.yaml|summary\.json)\..+\.tmp$")
@@ -70,14 +71,40 @@ def is_unstarted_run_dir(path: Path, cls: type) -> bool:
     return True
 
 
+def unusable(what: str, path: Path, err: OSError, use: str = "used") -> ConfigError:
+    """``{what} '{path}' cannot be {use}: {reason}``, the one-line error for a path this process
+    cannot use (an errno in :data:`UNUSABLE`)."""
+    return ConfigError(f"{what} '{path}' cannot be {use}: {err.strerror or err}")
+
+
+def lookup(path: Path, what: str, use: str = "used") -> os.stat_result | None:
+    """The status of ``path``, None if nothing is there. A path that cannot be used (a name too
+    long, a loop of links, a file in the way, no permission) is a :class:`ConfigError` (see
+    :func:`unusable`); other failures stay OSErrors."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno in UNUSABLE:
+            raise unusable(what, path, err, use) from None
+        raise
+
+
 def check_new_run_dir(path: Path, cls: type) -> bool:
-    """Refuse to start a fresh run in a file or in a directory that already holds files; True if
-    ``path`` holds only a run (of config class ``cls``) stopped before its first checkpoint, which
-    a fresh run may replace."""
-    if path.exists() and not path.is_dir():
+    """Refuse to start a fresh run in a file, in an unusable path or in a directory that already
+    holds files; True if ``path`` holds only a run (of config class ``cls``) stopped before its
+    first checkpoint, which a fresh run may replace."""
+    found = lookup(path, "run_dir", "created")
+    if found is not None and not stat.S_ISDIR(found.st_mode):
         raise ConfigError(f"run_dir '{path}' is a file, not a directory; choose another run_dir")
-    if not path.exists() or not any(path.iterdir()):
-        return False
+    try:
+        if found is None or not any(path.iterdir()):
+            return False
+    except OSError as err:
+        if err.errno in UNUSABLE:
+            raise unusable("run_dir", path, err) from None
+        raise
     if is_unstarted_run_dir(path, cls):
         return True
     if (path / CHECKPOINT).exists() or (path / SUMMARY).exists():
@@ -111,8 +138,8 @@ def release_run_dirs() -> None:
 def _make_dirs(path: Path) -> list[Path]:
     """``mkdir -p path``; returns the directories it created, outermost first. An unwritable
     location is bad input (ConfigError); a full disk stays an OSError."""
-    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
     try:
+        missing = [p for p in (path, *path.parents) if lookup(p, "run_dir", "created") is None][::-1]
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         if err.errno in NO_SPACE:

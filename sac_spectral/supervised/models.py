@@ -31,6 +31,10 @@ from sac_spectral.core.nets import Activation
 MODELS = ("mlp", "cnn", "resnet18", "vit", "deep_linear")
 NORMS = ("none", "layer", "batch")
 IMAGE_MODELS = ("cnn", "resnet18", "vit")
+#: bounds far beyond any model that trains here; a model deeper still takes minutes just to
+#: build (even on the meta device, where its memory is estimated)
+MAX_DEPTH = 1000
+MAX_WIDTH = 1 << 24
 
 
 def _norm1d(norm: str, features: int) -> list[nn.Module]:
@@ -219,7 +223,11 @@ def build_model(
     heads: int = 4,
     patch: int = 4,
 ) -> nn.Module:
-    """Build model ``name`` for inputs of ``input_shape`` (``[C, H, W]`` images or ``[D]``)."""
+    """Build model ``name`` for inputs of ``input_shape`` (``[C, H, W]`` images or ``[D]``);
+    ``depth`` and ``width`` beyond :data:`MAX_DEPTH` and :data:`MAX_WIDTH` are refused at once."""
+    for key, value, most in (("depth", depth, MAX_DEPTH), ("width", width, MAX_WIDTH)):
+        if not 1 <= value <= most:
+            raise ValueError(f"{key} {value} is out of range; valid: 1 to {most}")
     if name not in MODELS:
         raise ValueError(f"unknown model '{name}'; valid: {', '.join(MODELS)}")
     if norm not in NORMS:
