@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", metavar="FILE", help="write the first episode as a video (.mp4 or .gif)")
     p.add_argument("--video-size", type=_size, default=DEFAULT_SIZE, metavar="WxH",
                    help=f"video frame size (default {DEFAULT_SIZE[1]}x{DEFAULT_SIZE[0]})")
+    p.add_argument("--video-shadows", action="store_true",
+                   help="draw shadows and reflections (about 7x slower in software OpenGL)")
     return p
 
 
@@ -85,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.video is not None:
             start = time.perf_counter()
-            ret, frames, fps = rollout(lambda o: policy.act(o, not args.stochastic), env, reset_seeds[0], args.video_size)
+            ret, frames, fps = rollout(lambda o: policy.act(o, not args.stochastic), env, reset_seeds[0], args.video_size,
+                                      shadows=args.video_shadows)
             write_video(args.video, frames, fps)
             returns.append(ret)
             print(f"episode 1: return {ret:.2f}  (video: {args.video}, {len(frames)} frames at {fps:g} fps, "

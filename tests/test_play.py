@@ -67,11 +67,11 @@ def test_loaded_policy_replays_the_last_evaluation_exactly(run_dir):
 def test_act_one_observation_or_a_batch(run_dir):
     policy = load_policy(run_dir)
     assert policy.observation_space.shape == (5,) and policy.action_space.shape == (1,)
-    batch = np.stack([policy.observation_space.sample() for _ in range(7)]).clip(-3, 3)
+    batch = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
     actions = policy.act(batch)
     assert actions.shape == (7, 1) and actions.dtype == np.float32
     single = np.stack([policy.act(o) for o in batch])
-    np.testing.assert_allclose(actions, single, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(actions, single, rtol=1e-5, atol=1e-6)  # other matmul shapes: rounding only
     assert all(policy.action_space.contains(a) for a in actions)
     sampled = policy.act(batch, deterministic=False)
     assert sampled.shape == (7, 1) and np.all(np.abs(sampled) <= 1) and not np.array_equal(sampled, actions)
@@ -174,6 +174,7 @@ def _mp4_frames(path: Path) -> list[np.ndarray]:
     return [np.frombuffer(b, np.uint8).reshape(h, w, 3) for b in reader]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".gif", ".mp4"])
 def test_play_writes_a_rendered_video_of_the_first_episode(run_dir, tmp_path, suffix):
     if suffix == ".mp4":
