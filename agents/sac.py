@@ -133,6 +133,23 @@ def tanh_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor,
     return torch.tanh(u), log_prob
 
 
+def make_actor(
+    members: int, obs_dim: int, act_dim: int, cfg: ActorConfig, generators: list[torch.Generator] | None = None
+) -> BatchedMLP:
+    """The policy network: an MLP trunk with a mean head (gain √2) and a log-std head (gain 1)."""
+    return BatchedMLP(
+        members, obs_dim, cfg.hidden, (act_dim, act_dim), cfg.activation, cfg.layer_norm, cfg.init,
+        out_gains=(_GAIN, 1.0), generators=generators,
+    )
+
+
+def actor_mean_log_std(actor: BatchedMLP, obs: Tensor, cfg: ActorConfig) -> tuple[Tensor, Tensor]:
+    """Mean and log σ of the pre-tanh Gaussian, log σ squashed into ``[log_std_min, log_std_max]``."""
+    mean, raw = actor(obs)
+    lo, hi = cfg.log_std_min, cfg.log_std_max
+    return mean.float(), lo + 0.5 * (hi - lo) * (torch.tanh(raw.float()) + 1.0)
+
+
 def _optimizer(groups: list[dict[str, Any]], weight_decay: float, compiled: bool) -> torch.optim.Optimizer:
     """Adam, or AdamW (decoupled decay) when ``weight_decay > 0``; groups carry their lr. Fused
     kernels in eager mode; the multi-tensor form when ``compiled`` (torch.compile fuses it)."""
@@ -194,11 +211,7 @@ class SAC(nn.Module):
 
     # ----------------------------------------------------------------------------- building
     def _build_actor(self) -> BatchedMLP:
-        a = self.cfg.actor
-        return BatchedMLP(
-            self.num_seeds, self.obs_dim, a.hidden, (self.act_dim, self.act_dim), a.activation, a.layer_norm, a.init,
-            out_gains=(_GAIN, 1.0), generators=self.streams["init"],
-        )
+        return make_actor(self.num_seeds, self.obs_dim, self.act_dim, self.cfg.actor, self.streams["init"])
 
     def _critic_generators(self) -> list[torch.Generator]:
         return [g for g in self.streams["init"] for _ in range(self.num_critics)]
@@ -233,9 +246,7 @@ class SAC(nn.Module):
         return tanh_gaussian(mean, log_std, noise)
 
     def _mean_log_std(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        mean, raw = self.actor(obs)
-        lo, hi = self.cfg.actor.log_std_min, self.cfg.actor.log_std_max
-        return mean.float(), lo + 0.5 * (hi - lo) * (torch.tanh(raw.float()) + 1.0)
+        return actor_mean_log_std(self.actor, obs, self.cfg.actor)
 
     def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
         """``[N·num_critics, B, obs+act]``: each seed's ``(obs, action)`` for each of its critics."""

@@ -1,5 +1,6 @@
 """Environments: ``make_env`` (DMC via shimmy, gymnasium ids), exact state save/restore, seed pools."""
 
+from envs.episode import run_episode
 from envs.make import (
     ActionRepeat,
     UnknownEnvError,
@@ -19,5 +20,6 @@ __all__ = [
     "known_env_ids",
     "make_env",
     "resolve_env_id",
+    "run_episode",
     "set_env_state",
 ]

@@ -145,11 +145,13 @@ def verify_archive(path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} is corrupted: record '{bad}' fails its checksum; nothing was changed")
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (tensors and plain containers only) after
-    checking its checksums; a file that cannot be used raises a one-line :class:`CheckpointError`."""
+    checking its checksums; a file that cannot be used raises a one-line :class:`CheckpointError`.
+    ``mmap=True`` maps the tensors from the file instead of reading them: a reader that needs a few
+    of them (the actor, not the replay buffer) touches only those pages."""
     verify_archive(path)
-    state = _torch_load(path, mmap=False)
+    state = _torch_load(path, mmap=mmap)
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a run's state; nothing was changed")
     return state

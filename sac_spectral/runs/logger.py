@@ -69,6 +69,17 @@ class RunLogger:
         if finished and self.num_seeds > 1 and all(r is not None for r in latest):
             self.scalar("train/episode_return", sum(latest) / len(latest), step)  # type: ignore[arg-type]
 
+    def video(self, tag: str, frames: Any, step: int, fps: float) -> None:
+        """An episode's frames ``[T, H, W, 3]`` uint8 as an animated GIF (what ``add_video`` writes,
+        without its moviepy dependency); TensorBoard shows it under IMAGES."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        from sac_spectral.runs.video import gif_bytes
+
+        t, h, w, c = frames.shape
+        image = Summary.Image(height=h, width=w, colorspace=c, encoded_image_string=gif_bytes(frames, fps))
+        self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
     def hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
         """Hyperparameters with final metrics (TensorBoard's HPARAMS tab)."""
         clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}

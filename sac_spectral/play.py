@@ -1,0 +1,111 @@
+"""``python -m sac_spectral.play RUN_DIR [--episodes N] [--stochastic] [--seed-index I] [--video FILE]``
+
+Play a trained policy of a ``sac_spectral.train`` run (a run directory or its checkpoint file)
+and print each episode's return and their mean ± std. Deterministic (``tanh(mean)``, as the
+trainer evaluates) unless ``--stochastic``. ``--video FILE`` (.mp4 or .gif) renders the first
+episode off-screen (``MUJOCO_GL=egl`` unless set). ``--last-eval`` replays the episodes of the
+run's last evaluation (same reset seeds and env) next to the return it recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from sac_spectral.core.config import ConfigError
+from sac_spectral.core.seeding import derive_seed
+from sac_spectral.policy import load_policy, play_episodes
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.video import DEFAULT_SIZE, check_video_path, rollout, use_offscreen_rendering, write_video
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (run_cli), as the other runners
+        raise ConfigError(message)
+
+
+def _size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not m or int(m[1]) < 16 or int(m[2]) < 16:
+        raise argparse.ArgumentTypeError(f"'{text}' is not WIDTHxHEIGHT (each >= 16), e.g. 320x240")
+    return int(m[2]), int(m[1])
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive integer")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m sac_spectral.play", description=__doc__.split("\n\n", 1)[1].replace("``", ""),
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN_DIR", help="run directory of sac_spectral.train, or its checkpoint file")
+    p.add_argument("--episodes", type=_positive, default=5, help="episodes to play (default 5)")
+    p.add_argument("--stochastic", action="store_true", help="sample actions from the policy instead of tanh(mean)")
+    p.add_argument("--seed-index", type=int, default=0, metavar="I", help="which seed of a multi-seed run (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the episodes' resets and action noise (default: the run's seed)")
+    p.add_argument("--last-eval", action="store_true", help="replay the run's last evaluation instead (its reset seeds and episodes)")
+    p.add_argument("--video", metavar="FILE", help="write the first episode as a video (.mp4 or .gif)")
+    p.add_argument("--video-size", type=_size, default=DEFAULT_SIZE, metavar="WxH",
+                   help=f"video frame size (default {DEFAULT_SIZE[1]}x{DEFAULT_SIZE[0]})")
+    p.add_argument("--video-shadows", action="store_true",
+                   help="draw shadows and reflections (about 7x slower in software OpenGL)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)  # one small forward per step
+    if args.video is not None:
+        check_video_path(args.video)
+        if args.video_size[0] % 2 or args.video_size[1] % 2:
+            raise ConfigError(f"--video-size: width and height must be even, got {args.video_size[1]}x{args.video_size[0]}")
+        use_offscreen_rendering()
+    policy = load_policy(args.run, args.seed_index)
+    seed = policy.seed if args.seed is None else args.seed
+    if args.last_eval:
+        if policy.recorded is None:
+            raise ConfigError(f"{args.run}: its checkpoint was not written at an evaluation step; --last-eval needs one")
+        if args.stochastic:
+            raise ConfigError("--last-eval replays the deterministic evaluation; leave out --stochastic")
+        reset_seeds = policy.recorded.reset_seeds(policy.seed)
+    else:
+        reset_seeds = [derive_seed(seed, f"play/{ep}") % (2**31) for ep in range(args.episodes)]
+        policy.reseed(derive_seed(seed, "play"))
+    mode = "stochastic" if args.stochastic else "deterministic"
+    print(f"{policy.env_id}: seed {policy.seed} (index {policy.seed_index} of {policy.members}) at step {policy.step}, "
+          f"{mode}, {len(reset_seeds)} episode{'s' * (len(reset_seeds) > 1)}", flush=True)
+    env = policy.make_env()
+    returns: list[float] = []
+    try:
+        if args.video is not None:
+            start = time.perf_counter()
+            ret, frames, fps = rollout(lambda o: policy.act(o, not args.stochastic), env, reset_seeds[0], args.video_size,
+                                      shadows=args.video_shadows)
+            write_video(args.video, frames, fps)
+            returns.append(ret)
+            print(f"episode 1: return {ret:.2f}  (video: {args.video}, {len(frames)} frames at {fps:g} fps, "
+                  f"{time.perf_counter() - start:.1f} s)", flush=True)
+        for i, s in enumerate(reset_seeds[len(returns):], start=len(returns) + 1):
+            ret = play_episodes(policy, [s], not args.stochastic, env)[0]
+            returns.append(ret)
+            print(f"episode {i}: return {ret:.2f}", flush=True)
+    finally:
+        env.close()
+    r = np.asarray(returns)
+    print(f"return: {r.mean():.2f} ± {r.std():.2f} (mean ± std over {len(r)} episodes)")
+    if args.last_eval:
+        assert policy.recorded is not None
+        print(f"recorded by the run at step {policy.recorded.step}: {policy.recorded.mean_return:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

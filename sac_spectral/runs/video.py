@@ -1,0 +1,185 @@
+"""Videos of episodes: MuJoCo rendered off-screen, written as ``.mp4`` or ``.gif``.
+
+Rendering on a machine without a display needs an off-screen OpenGL backend, chosen by
+``MUJOCO_GL`` before dm_control is first imported: :func:`use_offscreen_rendering` sets ``egl``
+(Mesa's EGL renders on the CPU where there is no GPU; Debian packages ``libegl1``,
+``libegl-mesa0``, ``libgl1-mesa-dri``) unless the variable names another backend. ``.gif`` is
+written with Pillow; ``.mp4`` (H.264) with the ffmpeg binary that the ``imageio-ffmpeg`` wheel
+ships (the ``video`` extra).
+
+Frames are drawn without shadows and reflections unless asked (``shadows=True``): software
+OpenGL draws them about 7× slower. Videos play in real time, at most :data:`MAX_FPS` frames per second: an env that steps faster is
+rendered every k-th step.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from envs.episode import run_episode
+from sac_spectral.core.config import ConfigError
+from sac_spectral.runs.checkpoint import atomic_write
+
+VIDEO_SUFFIXES = (".mp4", ".gif")
+MAX_FPS = 50
+#: frame size (height, width)
+DEFAULT_SIZE = (240, 320)
+OFFSCREEN_BACKENDS = ("egl", "osmesa")
+
+
+def check_video_path(path: str | Path) -> Path:
+    """``path`` if it ends in a known suffix, its folder exists and its writer is installed."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in VIDEO_SUFFIXES:
+        raise ConfigError(f"video file '{path}': unknown extension '{path.suffix}'; use {' or '.join(VIDEO_SUFFIXES)}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"video file '{path}': no such directory {path.parent}")
+    if suffix == ".mp4":
+        try:
+            import imageio_ffmpeg  # noqa: F401
+        except ImportError:
+            raise ConfigError("writing .mp4 needs imageio-ffmpeg (pip install -e '.[video]'); or write a .gif") from None
+    return path
+
+
+def use_offscreen_rendering() -> str:
+    """Choose an off-screen MuJoCo backend (``MUJOCO_GL=egl`` unless it names one) before dm_control
+    is imported; returns the backend. Raises ``ConfigError`` when dm_control was already imported
+    with rendering disabled (the backend is fixed at its import)."""
+    current = os.environ.get("MUJOCO_GL", "")
+    if current not in ("", "disable"):
+        return current
+    if "dm_control.mujoco" in sys.modules:
+        raise ConfigError("rendering needs an off-screen OpenGL backend chosen before the first env is made: "
+                          "set MUJOCO_GL=egl (or osmesa) in the environment")
+    os.environ["MUJOCO_GL"] = "egl"
+    return "egl"
+
+
+def _dmc_physics(env: Any) -> Any:
+    return getattr(getattr(env.unwrapped, "_env", None), "physics", None)
+
+
+def step_seconds(env: Any) -> float | None:
+    """Simulated seconds per env step (with its action repeat), if the env says."""
+    repeat = getattr(env, "repeat", 1)
+    inner = getattr(env.unwrapped, "_env", None)
+    if inner is not None and hasattr(inner, "control_timestep"):
+        return float(inner.control_timestep()) * repeat
+    dt = getattr(env.unwrapped, "dt", None)
+    return float(dt) * repeat if dt else None
+
+
+def frame_schedule(env: Any, max_fps: int = MAX_FPS) -> tuple[int, float]:
+    """``(every, fps)``: render every ``every``-th step and play at ``fps`` for real time."""
+    dt = step_seconds(env)
+    if dt is None:
+        fps = float(env.metadata.get("render_fps") or 30)
+        return 1, min(fps, max_fps)
+    every = max(1, math.ceil(1.0 / (dt * max_fps)))
+    return every, 1.0 / (dt * every)
+
+
+def render(env: Any, size: tuple[int, int] = DEFAULT_SIZE, shadows: bool = False) -> np.ndarray:
+    """One RGB frame ``[H, W, 3]`` uint8 of ``env``'s current state (DMC: camera 0). Without
+    ``shadows`` a DMC frame is drawn with no shadows and no reflections (model fields that only
+    drawing reads, restored after it): about 7× faster in software OpenGL."""
+    physics = _dmc_physics(env)
+    try:
+        if physics is not None:
+            return _render_physics(physics, size, shadows)
+        if getattr(env, "render_mode", None) == "rgb_array":
+            return np.asarray(env.render(), dtype=np.uint8)
+    except Exception as err:  # noqa: BLE001 - OpenGL backends fail in many ways; say what to set
+        raise ConfigError(f"rendering failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                          f"MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r}: use egl (libegl1, libegl-mesa0) "
+                          "or osmesa (libosmesa6)") from None
+    spec = getattr(env, "spec", None)
+    raise ConfigError(f"cannot render {spec.id if spec else env}: not a dm_control env, and not made with render_mode='rgb_array'")
+
+
+def _render_physics(physics: Any, size: tuple[int, int], shadows: bool) -> np.ndarray:
+    if shadows:
+        return np.asarray(physics.render(size[0], size[1], camera_id=0), dtype=np.uint8)
+    model = physics.model
+    cast, reflect = model.light_castshadow.copy(), model.mat_reflectance.copy()
+    model.light_castshadow[:] = 0
+    model.mat_reflectance[:] = 0
+    try:
+        return np.asarray(physics.render(size[0], size[1], camera_id=0), dtype=np.uint8)
+    finally:
+        model.light_castshadow[:] = cast
+        model.mat_reflectance[:] = reflect
+
+
+def rollout(policy_fn: Callable[[np.ndarray], np.ndarray], env: Any, seed: int, size: tuple[int, int] = DEFAULT_SIZE,
+            max_fps: int = MAX_FPS, shadows: bool = False) -> tuple[float, np.ndarray, float]:
+    """Play one episode from ``env.reset(seed=seed)`` rendering it: ``(return, frames [T, H, W, 3], fps)``."""
+    every, fps = frame_schedule(env, max_fps)
+    frames: list[np.ndarray] = []
+
+    def grab(env: Any, t: int, done: bool) -> None:
+        if t % every == 0 or done:
+            frames.append(render(env, size, shadows))
+
+    total = run_episode(policy_fn, env, seed, grab)
+    return total, np.stack(frames), fps
+
+
+def write_video(path: str | Path, frames: np.ndarray, fps: float) -> None:
+    """Write ``frames [T, H, W, 3]`` uint8 to ``path`` (.mp4 or .gif) atomically."""
+    path = check_video_path(path)
+    if path.suffix.lower() == ".gif":
+        atomic_write(path, lambda f: f.write(gif_bytes(frames, fps)))
+        return
+    import imageio_ffmpeg
+
+    h, w = frames.shape[1:3]
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".mp4")
+    os.close(fd)
+    try:
+        # H.264 in yuv420p (what browsers and players read) needs even sizes; 16 keeps ffmpeg quiet
+        writer = imageio_ffmpeg.write_frames(tmp, (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
+                                             macro_block_size=16 if h % 16 == 0 and w % 16 == 0 else 2,
+                                             ffmpeg_log_level="error")
+        writer.send(None)
+        for frame in frames:
+            writer.send(np.ascontiguousarray(frame))
+        writer.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def gif_bytes(frames: np.ndarray, fps: float) -> bytes:
+    """An endlessly looping animated GIF of ``frames`` (GIF delays are whole centiseconds)."""
+    from PIL import Image
+
+    # a fast octree palette per frame: Pillow's default (median cut) costs about 12× more
+    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)).quantize(256, method=Image.Quantize.FASTOCTREE)
+              for f in frames]
+    buf = io.BytesIO()
+    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:],
+                   duration=max(20, round(1000.0 / fps / 10) * 10), loop=0)
+    return buf.getvalue()
+
+
+def record_episode(policy_fn: Callable[[np.ndarray], np.ndarray], env: Any, seed: int, path: str | Path | None,
+                   size: tuple[int, int] = DEFAULT_SIZE, max_fps: int = MAX_FPS, shadows: bool = False) -> np.ndarray:
+    """Play one episode from ``env.reset(seed=seed)`` with ``policy_fn(obs) -> action``, write it
+    to ``path`` (.mp4 or .gif; ``None``: don't write) and return its frames ``[T, H, W, 3]`` uint8."""
+    _, frames, fps = rollout(policy_fn, env, seed, size, max_fps, shadows)
+    if path is not None:
+        write_video(path, frames, fps)
+    return frames
