@@ -4,7 +4,7 @@ It reads the actor's weights and the config from the checkpoint (``weights_only=
 memory-mapped, so the replay buffer is never read into memory) and acts as the trainer's
 evaluation does: ``tanh(mean)`` deterministically, or a sample of the tanh-Gaussian. Its
 :meth:`Policy.make_env` builds the env as the trainer's evaluation does, so playing the episodes
-of an evaluation (reset seeds :func:`~sac_spectral.train.eval_seed`) gives the returns recorded
+of an evaluation (reset seeds :func:`~envs.evaluate.eval_seed`) gives the returns recorded
 in ``evals.csv``.
 """
 
@@ -23,11 +23,12 @@ from gymnasium import spaces
 
 from agents.sac import actor_mean_log_std, make_actor
 from envs import UnknownEnvError, make_env, run_episode
+from envs.evaluate import eval_seed
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.layout import CHECKPOINT
-from sac_spectral.train import TrainConfig, check_format, eval_seed
+from sac_spectral.train import TrainConfig, check_format
 
 _ACTOR = "actor."
 

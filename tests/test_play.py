@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import SMALL
 
+from envs.evaluate import eval_seed
 from sac_spectral.policy import load_policy, play_episodes
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
-from sac_spectral.train import eval_seed
 from sac_spectral.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
