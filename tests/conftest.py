@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 
@@ -68,10 +69,24 @@ def _no_leaks():
 
 
 def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
-    # Process-wide singletons are not leaks: the threads of the Ray instance of a module fixture and
-    # tqdm's one monitor thread (started by the first progress bar, e.g. torch.compile's).
+    # Process-wide singletons are not leaks: the threads of the Ray instance of a module fixture,
+    # tqdm's one monitor thread (started by the first progress bar, e.g. torch.compile's) and the
+    # workers of torch's module-level executors (torch.compile's cache-key prefetch, inductor's
+    # cached compile pool), which live as long as the process.
+    singletons = _torch_executor_threads()
     return [t for t in threading.enumerate()
-            if t not in before and t.is_alive() and not t.name.startswith(("ray", "tqdm_monitor"))]
+            if t not in before and t.is_alive() and t not in singletons
+            and not t.name.startswith(("ray", "tqdm_monitor"))]
+
+
+def _torch_executor_threads() -> set[threading.Thread]:
+    executors = []
+    if (functools_ := sys.modules.get("torch.utils._functools")) is not None:
+        executors.append(functools_._prefetch_executor)
+    compile_ = sys.modules.get("torch._inductor.async_compile")
+    if compile_ is not None and compile_.AsyncCompile.pool.cache_info().currsize:
+        executors.append(compile_.AsyncCompile.pool())
+    return {t for executor in executors for t in executor._threads}
 
 
 SMALL = [
