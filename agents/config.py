@@ -59,6 +59,8 @@ class TrainConfig(SACConfig):
     action_repeat: int = option(1, "env steps per agent action")
     eval_every: int = option(10_000, "evaluate every N env steps (0 = only at the end)")
     eval_episodes: int = option(10, "episodes per evaluation")
+    video_every: int = option(0, "record seed 0's first evaluation episode as a video every N env steps, "
+                                 "into videos/ and TensorBoard (a multiple of eval_every; 0 = off)")
     log_every: int = option(1_000, "write training metrics every N env steps")
     checkpoint_every: int = option(25_000, "checkpoint every N env steps (0 = only at the end)")
     run_dir: str | None = option(None, "run directory (default: runs/<env>__<tag>__s<seed>__<time>)")
@@ -75,8 +77,10 @@ class TrainConfig(SACConfig):
         super().validate()
         for key in ("num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every"):
             check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("random_steps", "eval_every", "checkpoint_every", "threads"):
+        for key in ("random_steps", "eval_every", "video_every", "checkpoint_every", "threads"):
             check(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        check(not self.video_every or (self.eval_every and self.video_every % self.eval_every == 0), "video_every",
+              f"must be a multiple of eval_every ({self.eval_every}) or 0, got {self.video_every}")
         check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")
         check(0 <= self.seed and self.seed + self.num_seeds <= MAX_SEED + 1, "seed",
               f"seeds must lie in [0, {MAX_SEED}]; got seed={self.seed} with num_seeds={self.num_seeds}")

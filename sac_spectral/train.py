@@ -23,7 +23,7 @@ from agents import SAC, ReplayBuffer
 from agents.config import TrainConfig, run_tag, seed_label
 from agents.probes import DiagnosticsConfig, probe_batch, sac_diagnostics
 from envs import EnvPool, UnknownEnvError, make_env
-from envs.evaluate import eval_env_seed, evaluate
+from envs.evaluate import eval_env_seed, eval_seed, evaluate
 from sac_spectral.core.config import ConfigError
 from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
@@ -37,9 +37,10 @@ from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finit
 from sac_spectral.runs.memory import check_fits, sac_estimate
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
+from sac_spectral.runs.video import frame_schedule, record_episode, render, use_offscreen_rendering, video_suffix
 
 RESUMABLE_KEYS = (
-    "total_steps", "eval_every", "eval_episodes", "log_every", "checkpoint_every", "progress", "threads",
+    "total_steps", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress", "threads",
     *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
 )
 #: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
@@ -161,6 +162,8 @@ class RLRun:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg, self.threads, self.device = cfg, set_torch_threads(cfg.threads), torch.device(cfg.device)
         self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+        if cfg.video_every:
+            use_offscreen_rendering()  # before the first dm_control env is made
         try:
             self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat)
         except UnknownEnvError as err:
@@ -168,6 +171,9 @@ class RLRun:
         check_fits(sac_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
                    "buffer_size, batch_size, replay_ratio, num_seeds or the hidden widths")
         self.eval_envs = [make_env(cfg.env, eval_env_seed(s), cfg.action_repeat) for s in self.seeds]
+        if cfg.video_every:  # fail now, not at the first video, where the env or OpenGL cannot render
+            self.eval_envs[0].reset(seed=eval_env_seed(self.seeds[0]))
+            render(self.eval_envs[0])
         self.streams = SeedStreams(self.seeds, self.device)
         self.agent = SAC(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
         self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device)
@@ -280,6 +286,7 @@ class Trainer(RLRun):
                 ("log", every(cfg.log_every), self._log),
                 ("diagnose", self._diagnosis_due, self._diagnose_now),
                 ("evaluate", every(cfg.eval_every, end=cfg.total_steps), self._eval_and_log),
+                ("video", every(cfg.video_every, end=cfg.total_steps if cfg.video_every else None), self._video),
                 ("reset", lambda step: step < cfg.total_steps and self._reset_due(), self._reset),
                 ("progress", lambda step: True, self._progress),
             ],
@@ -323,6 +330,16 @@ class Trainer(RLRun):
                         self.cfg.eval_episodes, self.wall_time)
         self.logger.per_seed("eval/return", returns.tolist(), self.step)
         self.postfix["eval"] = f"{float(returns.mean()):.1f}"
+
+    def _video(self) -> None:
+        """Seed 0's first episode of the evaluation just played, as ``videos/step_<step>`` and under
+        TensorBoard's ``eval/video`` (at half the frame size)."""
+        env, members = self.eval_envs[0], len(self.seeds)
+        path = self.run_dir / "videos" / f"step_{self.step:08d}{video_suffix()}"
+        path.parent.mkdir(exist_ok=True)
+        frames = record_episode(lambda obs: self._policy(np.repeat(obs[None], members, axis=0))[0], env,
+                                eval_seed(self.seeds[0], len(self.evals) - 1, 0), path)
+        self.logger.video("eval/video", frames[:, ::2, ::2], self.step, frame_schedule(env)[1])
 
     # ----------------------------------------------------------------------------- logging
     def _progress(self) -> None:

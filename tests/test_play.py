@@ -192,29 +192,43 @@ def test_play_writes_a_rendered_video_of_the_first_episode(run_dir, tmp_path, su
     assert plain.stdout.splitlines()[1].split()[:4] == out.stdout.splitlines()[1].split()[:4]
 
 
-def test_record_episode_and_its_tensorboard_summary(tmp_path):
-    """What the trainer calls for videos during training: the first evaluation episode to a file,
-    and the frames to TensorBoard."""
-    code = f"""
-import numpy as np
-from envs import make_env
-from sac_spectral.runs.logger import RunLogger
-from sac_spectral.runs.video import record_episode, use_offscreen_rendering
-use_offscreen_rendering()
-env = make_env("dmc:cartpole-balance", 0, action_repeat=8)
-frames = record_episode(lambda o: np.ones(1, np.float32), env, 3, {str(tmp_path / "e.gif")!r}, size=(48, 64))
-assert frames.shape == (126, 48, 64, 3) and frames.dtype == np.uint8, frames.shape
-logger = RunLogger({str(tmp_path)!r})
-logger.video("eval/video", frames, 10, fps=12.5)
-logger.close()
-"""
+def test_training_records_evaluation_videos_to_files_and_tensorboard(tmp_path):
+    """``video_every``: seed 0's first evaluation episode, as a file in videos/ and in TensorBoard,
+    at the multiples of ``video_every`` and at the end."""
+    rd = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("MUJOCO_GL", None)
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT, timeout=600)
-    assert len(_gif_frames(tmp_path / "e.gif")) == 126
+    out = subprocess.run([sys.executable, "-m", "sac_spectral.train", *TINY, "total_steps=300", "video_every=200",
+                          "progress=false", f"run_dir={rd}"], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    suffix = ".mp4" if _has_ffmpeg() else ".gif"
+    videos = sorted((rd / "videos").iterdir())
+    assert [v.name for v in videos] == [f"step_00000200{suffix}", f"step_00000300{suffix}"]
+    frames = _mp4_frames(videos[0]) if suffix == ".mp4" else _gif_frames(videos[0])
+    # 250 agent steps at 25 fps (cartpole's 0.01 s control step × action repeat 4) + the reset
+    assert len(frames) == 251 and frames[0].shape == (240, 320, 3)
+    assert any(not np.array_equal(frames[0], f) for f in frames[1:]) and np.ptp(np.stack(frames)) > 50
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc = EventAccumulator(str(rd), size_guidance={"images": 0})
     acc.Reload()
-    (image,) = acc.Images("eval/video")
-    assert image.step == 10 and image.encoded_image_string[:6] == b"GIF89a"
+    images = acc.Images("eval/video")
+    assert [i.step for i in images] == [200, 300]
+    assert images[0].encoded_image_string[:6] == b"GIF89a" and (images[0].height, images[0].width) == (120, 160)
+
+
+def test_video_every_is_a_multiple_of_eval_every(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "sac_spectral.train", *TINY, "video_every=300", f"run_dir={tmp_path / 'r'}"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 2 and "video_every" in out.stderr and "multiple of eval_every (200)" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+def _has_ffmpeg() -> bool:
+    try:
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -52,6 +52,15 @@ def check_video_path(path: str | Path) -> Path:
     return path
 
 
+def video_suffix() -> str:
+    """``.mp4`` where its writer (``imageio-ffmpeg``) is installed, else ``.gif``."""
+    try:
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError:
+        return ".gif"
+    return ".mp4"
+
+
 def use_offscreen_rendering() -> str:
     """Choose an off-screen MuJoCo backend (``MUJOCO_GL=egl`` unless it names one) before dm_control
     is imported; returns the backend. Raises ``ConfigError`` when dm_control was already imported
