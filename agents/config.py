@@ -8,11 +8,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from agents.sac import ActorConfig, CriticConfig, SACConfig
 from agents.probes import DiagnosticsConfig
 from sac_spectral.core.config import check, option, section
 from sac_spectral.core.device import check_device
+from sac_spectral.core.nets import ACTIVATIONS, INITS
+from sac_spectral.core.precision import PRECISIONS
+from sac_spectral.regularizers import validate_specs
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
 
@@ -24,10 +27,83 @@ MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
 
 
 @dataclass
+class NetConfig:
+    """Architecture, optimizer and regularizers of one network."""
+
+    hidden: list[int] = option([256, 256], "hidden layer widths")
+    activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
+    layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
+    init: str = option("orthogonal", "orthogonal (rl_with_resets: gain √2, log-std head 1; zero bias) or torch (nn.Linear default)")
+    lr: float = option(3e-4, "Adam learning rate")
+    weight_decay: float = option(0.0, "decoupled weight decay (AdamW); 0 = plain Adam")
+    regularizers: list[dict[str, Any]] = option([], "regularizers, e.g. [{name: spectral, coef: 1e-4}]")
+
+    def validate(self) -> None:
+        check(len(self.hidden) > 0 and all(h > 0 for h in self.hidden), "hidden", f"widths must be positive, got {self.hidden}")
+        check(self.activation in ACTIVATIONS, "activation", f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        validate_specs(self.regularizers, "regularizers")
+
+
+@dataclass
+class ActorConfig(NetConfig):
+    log_std_min: float = option(-10.0, "lower bound of the policy's log standard deviation")
+    log_std_max: float = option(2.0, "upper bound of the policy's log standard deviation")
+
+    def validate(self) -> None:
+        super().validate()
+        check(self.log_std_min < self.log_std_max, "log_std_min", f"must be < log_std_max ({self.log_std_max}), got {self.log_std_min}")
+
+
+@dataclass
+class CriticConfig(NetConfig):
+    num_critics: int = option(2, "Q-networks in the ensemble (min over them in targets)")
+
+    def validate(self) -> None:
+        super().validate()
+        check(self.num_critics >= 1, "num_critics", f"must be >= 1, got {self.num_critics}")
+
+
+@dataclass
+class AlphaConfig:
+    init: float = option(1.0, "initial temperature α")
+    lr: float = option(3e-4, "temperature learning rate")
+    learn: bool = option(True, "learn α toward the target entropy; false keeps it fixed")
+    target_entropy_scale: float = option(0.5, "target entropy = −scale·|A| (jaxrl / rl_with_resets: 0.5)")
+
+    def validate(self) -> None:
+        check(self.init > 0, "init", f"must be > 0, got {self.init}")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+
+
+@dataclass
+class SACConfig:
+    gamma: float = option(0.99, "discount")
+    tau: float = option(0.005, "Polyak rate of the target critics (every update)")
+    precision: str = option("fp32", "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, losses, targets)")
+    compile: bool = option(False, "torch.compile the update: losses with their backward, and the optimizer steps (CUDA graphs on GPU)")
+    actor: ActorConfig = section(ActorConfig)
+    critic: CriticConfig = section(CriticConfig)
+    alpha: AlphaConfig = section(AlphaConfig)
+
+    def validate(self) -> None:
+        check(0 <= self.gamma <= 1, "gamma", f"must be in [0, 1], got {self.gamma}")
+        check(0 < self.tau <= 1, "tau", f"must be in (0, 1], got {self.tau}")
+        check(self.precision in PRECISIONS, "precision", f"'{self.precision}' is not one of {', '.join(PRECISIONS)}")
+
+
+@dataclass
 class ResetConfig:
     every: int = option(0, "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. 2022: 200000)")
     what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
     last_layers: int = option(1, "number of final levels re-drawn by what=last_layers (1 = the output heads)")
+
+    def layers(self) -> int | None:
+        """The levels a reset re-draws, counted as :func:`~sac_spectral.core.layers.layer_tail` counts
+        them (``None``: all of them, the full reset)."""
+        return None if self.what == "all" else self.last_layers
 
     def validate(self) -> None:
         check(self.every >= 0, "every", f"must be >= 0, got {self.every}")

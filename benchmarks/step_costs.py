@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import sac_spectral  # noqa: F401  (before torch: OpenMP settings)
 from agents import SAC, ReplayBuffer
-from agents.sac import tanh_gaussian
+from agents.networks import tanh_gaussian
 from envs import EnvPool
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.train import TrainConfig

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from sac_spectral.core.config import ConfigError, to_dict
+from sac_spectral.core.optim import make_optimizer
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.regularizers import build_regularizers
 from sac_spectral.runs.cli import (
@@ -46,9 +47,8 @@ from sac_spectral.supervised.datasets import (
 )
 from sac_spectral.supervised.learner import (
     ContinualLearner,
-    make_optimizer,
     plasticity_diagnostics,
-    weight_spectra,
+    weight_sigma_max,
 )
 from sac_spectral.supervised.models import build_model
 from sac_spectral.supervised.streams import (
@@ -149,7 +149,7 @@ class ContinualRun:
         o = cfg.optimizer
         optimizer = make_optimizer(o.name, model.parameters(), o.lr, o.weight_decay, o.momentum, (o.beta1, o.beta2), o.eps)
         regs = build_regularizers(model, cfg.regularizers, "regularizers")
-        diagnostics = (plasticity_diagnostics(cfg.dormant_tau),) if cfg.gradient_diagnostics else (weight_spectra,)
+        diagnostics = (plasticity_diagnostics(cfg.dormant_tau),) if cfg.gradient_diagnostics else (weight_sigma_max,)
         self.learner = ContinualLearner(model, first.objective, optimizer, regs, diagnostics)
         self.gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample"))
         self.iteration = 0

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from agents.sac import actor_mean_log_std, make_actor
+from agents.networks import actor_mean_log_std, make_actor
 from envs import UnknownEnvError, make_env, run_episode
 from envs.evaluate import eval_seed
 from sac_spectral.core.config import ConfigError, merge_sources, one_line

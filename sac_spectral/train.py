@@ -37,7 +37,13 @@ from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finit
 from sac_spectral.runs.memory import check_fits, sac_estimate
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
-from sac_spectral.runs.video import frame_schedule, record_episode, render, use_offscreen_rendering, video_suffix
+from sac_spectral.runs.video import (
+    frame_schedule,
+    record_episode,
+    render,
+    use_offscreen_rendering,
+    video_suffix,
+)
 
 RESUMABLE_KEYS = (
     "total_steps", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress", "threads",
@@ -313,7 +319,7 @@ class Trainer(RLRun):
     def _reset(self) -> None:
         """Nikishin et al.'s reset (the buffer stays). A run that ends at a reset step skips it (its
         final checkpoint keeps the trained agent); extending that run applies it on resume."""
-        self.agent.reset(self.cfg.resets.what, self.cfg.resets.last_layers)
+        self.agent.reset(self.cfg.resets.layers())
         self.last_reset = self.step
 
     # ----------------------------------------------------------------------------- evaluation

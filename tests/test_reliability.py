@@ -19,6 +19,7 @@ from conftest import SMALL
 
 from sac_spectral import continual, diagnose, train
 from sac_spectral.core.config import ConfigError, read_yaml
+from sac_spectral.core.optim import make_optimizer
 from sac_spectral.regularizers import REGISTRY
 from sac_spectral.runs import checkpoint, cli, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
@@ -27,7 +28,7 @@ from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.runs.logger import state_is_finite
 from sac_spectral.studies import sweep
 from sac_spectral.supervised.datasets import DataError, load_dataset
-from sac_spectral.supervised.learner import ContinualLearner, make_optimizer
+from sac_spectral.supervised.learner import ContinualLearner
 
 ROOT = Path(__file__).resolve().parents[1]
 RL = SMALL + ["env=dmc:cartpole-balance", "random_steps=50", "eval_every=0", "diagnostics.every=0", "threads=1",

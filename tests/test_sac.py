@@ -110,7 +110,7 @@ def test_reset_all_redraws_everything_and_clears_optimizers():
     for _ in range(3):
         agent.update(random_batch(), torch.randn(2, 1, 8, 2))
     before = {k: v.clone() for k, v in agent.state_dict().items()}
-    agent.reset("all")
+    agent.reset()
     for k, v in agent.state_dict().items():
         if "bias" not in k:
             assert not torch.equal(v, before[k]), k
@@ -126,7 +126,7 @@ def test_reset_last_layers_keeps_the_rest():
     w0 = agent.critic.layers[-1].weight.clone()
     w_last = agent.critic.heads[0].weight.clone()
     actor_heads = [h.weight.clone() for h in agent.actor.heads]
-    agent.reset("last_layers", 1)
+    agent.reset(1)
     assert torch.equal(agent.critic.layers[-1].weight, w0)
     assert not torch.equal(agent.critic.heads[0].weight, w_last)
     assert all(not torch.equal(h.weight, w) for h, w in zip(agent.actor.heads, actor_heads))
@@ -209,7 +209,7 @@ def test_bf16_copies_follow_the_masters_after_updates_resets_and_loading():
     for master, low in pairs:
         assert low.dtype == torch.bfloat16
         assert torch.equal(low, master.detach().to(torch.bfloat16))
-    agent.reset("last_layers")
+    agent.reset(1)
     assert all(torch.equal(low, master.detach().to(torch.bfloat16)) for master, low in _linear_pairs(agent))
     fresh = make_agent(cfg=small_cfg(precision="bf16"))
     fresh.load_full_state_dict(agent.full_state_dict())
@@ -227,7 +227,7 @@ def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
     batch, noise = random_batch(b=32, gen=g), torch.randn(1, 32, 2, generator=g)
     loss, _ = agent._critic_loss(batch, noise)
     (loss.sum() + agent.critic_regs[0].penalty()).backward()
-    agent._low["critic"].collect_grads()
+    agent.precision.collect_grads("critic")
     with torch.autocast("cpu", torch.bfloat16):
         ref_losses, _ = ref.critic_losses(batch, noise)
     (ref_losses.mean(dim=-1).sum() + ref.critic_regs[0].penalty()).backward()

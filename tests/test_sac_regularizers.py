@@ -163,7 +163,7 @@ def test_full_reset_draws_the_initializer_from_the_continuing_init_stream():
     agent.update(random_batch(), torch.randn(2, 1, 8, 2))
     gen = torch.Generator()
     gen.set_state(streams["init"][0].get_state())
-    agent.reset("all")
+    agent.reset()
     gain = math.sqrt(2)
     actor = BatchedMLP(1, 5, [16, 16], (2, 2), out_gains=(gain, 1.0), generators=[gen])
     critic = BatchedMLP(2, 7, [16, 16], 1, out_gains=gain, generators=[gen, gen])

@@ -10,10 +10,15 @@ step; :meth:`Bf16Copies.refresh` re-casts the copies after anything writes the m
 optimizer step and interventions, Polyak updates, resets, loading a checkpoint).
 
 Outside the switch (acting, evaluation, diagnostics) the networks run on their fp32 masters.
+:func:`make_precision` gives a trainer the one object it talks to: :class:`Fp32` (nothing to do)
+or :class:`Bf16` (the copies of its networks).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from types import TracebackType
 
 import torch
@@ -66,3 +71,45 @@ class Bf16Copies:
             else:
                 master.grad.add_(copy.grad)
             copy.grad = None
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+class Fp32:
+    """Full precision: the networks run on their own weights; nothing to collect or refresh."""
+
+    def forward(self) -> AbstractContextManager[object]:
+        """The context the training losses are computed in."""
+        return contextlib.nullcontext()
+
+    def collect_grads(self, net: str) -> None:
+        """Move ``net``'s gradients onto its fp32 weights (after ``backward``, before the step)."""
+
+    def refresh(self, *nets: str) -> None:
+        """Follow the weights of ``nets`` (every network if none is named) after they were written."""
+
+
+class Bf16(Fp32):
+    """bf16 copies of named networks (``{name: (module, trainable)}``), used inside :meth:`forward`."""
+
+    def __init__(self, nets: Mapping[str, tuple[nn.Module, bool]]) -> None:
+        self.switch = Bf16Switch()
+        self.copies = {name: Bf16Copies(net, self.switch, trainable) for name, (net, trainable) in nets.items()}
+
+    def forward(self) -> AbstractContextManager[object]:
+        return self.switch
+
+    def collect_grads(self, net: str) -> None:
+        self.copies[net].collect_grads()
+
+    def refresh(self, *nets: str) -> None:
+        for name in nets or tuple(self.copies):
+            self.copies[name].refresh()
+
+
+def make_precision(name: str, nets: Mapping[str, tuple[nn.Module, bool]]) -> Fp32:
+    """:class:`Fp32` or :class:`Bf16` copies of ``nets`` for ``name`` in :data:`PRECISIONS`."""
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision '{name}'; valid: {', '.join(PRECISIONS)}")
+    return Bf16(nets) if name == "bf16" else Fp32()

@@ -5,7 +5,7 @@
 >>> loss = task_loss + reg.penalty()          # doctest: +SKIP
 """
 
-from sac_spectral.regularizers.base import Regularizer
+from sac_spectral.regularizers.base import Regularizer, regularized_step
 from sac_spectral.regularizers.l2 import L2
 from sac_spectral.regularizers.l2_init import L2Init
 from sac_spectral.regularizers.parseval import Parseval
@@ -24,5 +24,5 @@ from sac_spectral.regularizers.wasserstein_init import WassersteinInit
 
 __all__ = [
     "L2", "L2Init", "Parseval", "REGISTRY", "ReDo", "Regularizer", "Reset", "ShrinkPerturb", "Spectral",
-    "SpectralNorm", "WassersteinInit", "build_regularizers", "register", "validate_specs",
+    "SpectralNorm", "WassersteinInit", "build_regularizers", "register", "regularized_step", "validate_specs",
 ]

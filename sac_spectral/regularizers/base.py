@@ -133,3 +133,20 @@ def pull(xs: Sequence[Tensor], targets: Sequence[Tensor | None], coef: float) ->
 def per_member_sq(xs: Sequence[Tensor], targets: Sequence[Tensor | None]) -> Tensor:
     """``Σ_i ‖x_i[m] − t_i[m]‖²`` per member ``m`` for tensors with the member axis first: ``[M]``."""
     return sum((x if t is None else x - t).square().flatten(1).sum(1) for x, t in zip(xs, targets))
+
+
+def regularized_step(
+    loss: Tensor, optimizer: torch.optim.Optimizer, regularizers: Sequence[Regularizer], update: int,
+    step: Callable[[], Any] | None = None,
+) -> None:
+    """One training step of a network: add its regularizers' penalties to ``loss``, backpropagate,
+    step (``optimizer.step`` unless ``step`` is given, e.g. a compiled one), then run the
+    interventions' ``after_step(update)`` (``update`` counts from 1)."""
+    for reg in regularizers:
+        if reg.has_penalty:
+            loss = loss + reg.penalty()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    (optimizer.step if step is None else step)()
+    for reg in regularizers:
+        reg.after_step(update)

@@ -10,8 +10,7 @@ from sac_spectral.supervised.datasets import (
 from sac_spectral.supervised.learner import (
     ContinualLearner,
     Probe,
-    make_optimizer,
-    weight_spectra,
+    weight_sigma_max,
 )
 from sac_spectral.supervised.models import MODELS, build_model
 from sac_spectral.supervised.streams import (
@@ -23,6 +22,6 @@ from sac_spectral.supervised.streams import (
 
 __all__ = [
     "DATASETS", "MODELS", "STREAMS", "ClassificationTask", "ContinualLearner", "DataError", "Dataset",
-    "LinearTargetTask", "Probe", "Stream", "SyntheticSpec", "build_model", "load_dataset", "make_optimizer",
-    "weight_spectra",
+    "LinearTargetTask", "Probe", "Stream", "SyntheticSpec", "build_model", "load_dataset",
+    "weight_sigma_max",
 ]

@@ -13,12 +13,10 @@ import torch
 
 from sac_spectral.core.config import check, option, section
 from sac_spectral.core.device import check_device
+from sac_spectral.core.optim import OPTIMIZERS
 from sac_spectral.regularizers import validate_specs
 from sac_spectral.supervised.datasets import (
     DATASETS,
-)
-from sac_spectral.supervised.learner import (
-    OPTIMIZERS,
 )
 from sac_spectral.supervised.models import MODELS, NORMS
 from sac_spectral.supervised.streams import (

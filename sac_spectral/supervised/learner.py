@@ -7,7 +7,7 @@ over outputs, averaged over the batch) for regression.
 Diagnostics plug in as functions of a :class:`Probe` — the model, a fixed batch of the current
 task and the per-example loss function — returning ``{tag: value}``. The runner calls
 :meth:`ContinualLearner.diagnose` at the end of every task and every ``diagnostics_every``
-iterations; :func:`weight_spectra` (σ_max of every layer) is the light one,
+iterations; :func:`weight_sigma_max` (σ_max of every layer) is the light one,
 :func:`plasticity_diagnostics` adds gradient rank, feature rank and dormant units. A diagnostic
 that fails never stops training: its values are logged as NaN and a warning is printed once.
 
@@ -28,9 +28,8 @@ from torch import Tensor, nn
 
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.diagnostics.report import model_diagnostics
-from sac_spectral.regularizers import Regularizer
+from sac_spectral.regularizers import Regularizer, regularized_step
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -45,20 +44,6 @@ def regression_loss(out: Tensor, y: Tensor) -> Tensor:
 
 
 LOSS_FNS: dict[str, LossFn] = {"classification": classification_loss, "regression": regression_loss}
-
-
-def make_optimizer(
-    name: str, params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0,
-    momentum: float = 0.0, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-) -> torch.optim.Optimizer:
-    """``adam`` (L2 weight decay in the gradient), ``adamw`` (decoupled) or ``sgd``."""
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer '{name}'; valid: {', '.join(OPTIMIZERS)}")
 
 
 @dataclass(frozen=True)
@@ -78,7 +63,7 @@ class Probe:
 Diagnostic = Callable[[Probe], Mapping[str, Tensor | float]]
 
 
-def weight_spectra(probe: Probe) -> dict[str, Tensor]:
+def weight_sigma_max(probe: Probe) -> dict[str, Tensor]:
     """Exact σ_max of every linear and conv layer, as ``spectral/model/layer<i>/sigma_max``."""
     return {f"spectral/model/layer{i}/sigma_max": s[0] for i, s in enumerate(layer_sigma_max(probe.model))}
 
@@ -103,7 +88,7 @@ class ContinualLearner:
         objective: str,
         optimizer: torch.optim.Optimizer,
         regularizers: Sequence[Regularizer] = (),
-        diagnostics: Sequence[Diagnostic] = (weight_spectra,),
+        diagnostics: Sequence[Diagnostic] = (weight_sigma_max,),
     ) -> None:
         if objective not in LOSS_FNS:
             raise ValueError(f"objective must be one of {', '.join(LOSS_FNS)}, got '{objective}'")
@@ -132,16 +117,8 @@ class ContinualLearner:
         self._batch = x
         out = self.model(x)
         task_loss = self.loss_fn(out, y).mean()
-        loss = task_loss
-        for reg in self.regularizers:
-            if reg.has_penalty:
-                loss = loss + reg.penalty()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
         self.updates += 1
-        for reg in self.regularizers:
-            reg.after_step(self.updates)
+        regularized_step(task_loss, self.optimizer, self.regularizers, self.updates)
         if self.objective == "classification":
             correct = (out.argmax(dim=-1) == y).sum()
         else:
