@@ -48,7 +48,7 @@ def local_ray():
     """Ray in this process, leaving its signal handlers as they were (ray.init installs a SIGTERM
     handler that would turn a later SIGTERM of the test process into SystemExit in any test)."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     for s, h in handlers.items():
         signal.signal(s, h)
     yield

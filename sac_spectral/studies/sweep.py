@@ -72,7 +72,10 @@ def _start_ray(address: str | None, num_cpus: int | None) -> bool:
     if address:
         _connect(ray, address)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        # "local": a new instance even where a `ray start` cluster runs on this machine (address=None
+        # would join that one, and refuse num_cpus)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
     return True
 
 
