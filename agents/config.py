@@ -141,7 +141,7 @@ class TrainConfig(SACConfig):
     checkpoint_every: int = option(25_000, "checkpoint every N env steps (0 = only at the end)")
     run_dir: str | None = option(None, "run directory (default: runs/<env>__<tag>__s<seed>__<time>)")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
-    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start)")
+    threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle, re-chosen every 10 s)")
     progress: bool = option(True, "show a progress bar")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")

@@ -26,6 +26,7 @@ from envs import EnvPool, UnknownEnvError, make_env
 from envs.evaluate import eval_env_seed, eval_seed, evaluate
 from sac_spectral.core.config import ConfigError
 from sac_spectral.core.seeding import SeedStreams, derive_seed
+from sac_spectral.core.threads import ThreadWatch
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.runs.cli import (
     recorded_config,
@@ -166,7 +167,9 @@ class RLRun:
     and checkpoint state (the :class:`~sac_spectral.runs.run.Loop` side that is not the loop)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        limit = torch.get_num_threads()
         self.cfg, self.threads, self.device = cfg, set_torch_threads(cfg.threads), torch.device(cfg.device)
+        self.thread_watch = ThreadWatch(limit) if cfg.threads == 0 and self.device.type == "cpu" else None
         self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
         if cfg.video_every:
             use_offscreen_rendering()  # before the first dm_control env is made
@@ -294,6 +297,7 @@ class Trainer(RLRun):
                 ("evaluate", every(cfg.eval_every, end=cfg.total_steps), self._eval_and_log),
                 ("video", every(cfg.video_every, end=cfg.total_steps if cfg.video_every else None), self._video),
                 ("reset", lambda step: step < cfg.total_steps and self._reset_due(), self._reset),
+                ("threads", lambda step: self.thread_watch is not None and self.thread_watch.due(), self._rethread),
                 ("progress", lambda step: True, self._progress),
             ],
             checkpoint=every(cfg.checkpoint_every, end=cfg.total_steps),
@@ -356,9 +360,16 @@ class Trainer(RLRun):
         self.postfix.pop("priming", None)
         self.bar.set_postfix(self.postfix, refresh=False)
 
+    def _rethread(self) -> None:
+        """``threads=0``: follow the cores that other processes leave idle (:class:`ThreadWatch`)."""
+        count = self.thread_watch.choose()
+        if count is not None and count != torch.get_num_threads():
+            torch.set_num_threads(count)
+
     def _log(self) -> None:
         for tag, value in self.rates["log"].read(self.step, self.agent.num_updates).items():
             self.logger.scalar(tag, value, self.step)
+        self.logger.scalar("perf/threads", torch.get_num_threads(), self.step)
         log_training(self.logger, self.agent, self.last_info, self.step)
 
     def _diagnosis_due(self, step: int) -> bool:

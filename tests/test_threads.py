@@ -60,3 +60,25 @@ def test_without_proc_stat_torch_keeps_its_count(monkeypatch):
     sample = _sample_with(monkeypatch, [None, None], (1.0, 1.0))
     assert sample.busy_elsewhere() is None
     assert threads.choose_threads(0, 2, sample) == (2, "torch's 2")
+
+
+@pytest.mark.parametrize(
+    "busy_ticks, own_s, limit, expected",
+    [(10, 0.1, 2, 2), (20, 0.0, 2, 2), (30, 0.0, 2, 1), (160, 0.6, 2, 1), (200, 0.0, 2, 1), (120, 1.0, 2, 2),
+     (10, 0.1, 1, 1)],
+)
+def test_a_running_process_leaves_the_cores_others_keep_busy(monkeypatch, busy_ticks, own_s, limit, expected):
+    """ThreadWatch: a core busy with other processes more than a quarter of the window is left to
+    them (two cores, 100 ticks each over the window; this process used ``own_s`` seconds)."""
+    monkeypatch.setattr(threads.os, "sysconf", lambda name: 100)
+    watch = threads.ThreadWatch(limit, interval_s=0.0)
+    watch.sample = _sample_with(monkeypatch, [(1000, 5000), (1000 + busy_ticks, 5200)], (1.0, 1.0 + own_s))
+    assert watch.due()
+    assert watch.choose() == expected
+
+
+def test_a_running_process_keeps_its_count_where_load_is_unmeasurable(monkeypatch):
+    watch = threads.ThreadWatch(2, interval_s=3600.0)
+    assert not watch.due()
+    watch.sample = _sample_with(monkeypatch, [None, None], (1.0, 1.0))
+    assert watch.choose() is None

@@ -302,3 +302,26 @@ def test_without_a_terminal_progress_is_a_plain_line_per_twentieth(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
     assert len(lines) == 20 and lines[-1].startswith("step 400/400 (100%)")
     assert "\r" not in proc.stderr  # no progress bar redraws in a log file
+
+
+def test_threads_0_follows_the_cores_left_idle_during_the_run(tmp_path, monkeypatch):
+    """With threads=0 the run applies each new choice of its ThreadWatch (here: one that always
+    finds two idle cores, from a start at one thread) and logs it as perf/threads."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import sac_spectral.train as train_module
+    from sac_spectral.core.threads import ThreadWatch
+
+    class TwoIdle(ThreadWatch):
+        def due(self) -> bool:
+            return True
+
+        def choose(self) -> int:
+            return 2
+
+    monkeypatch.setattr(train_module, "ThreadWatch", TwoIdle)
+    rd = tmp_path / "run"
+    assert run(FAST + ["total_steps=300", "threads=0", f"run_dir={rd}"]) == 0
+    assert torch.get_num_threads() == 2
+    events = EventAccumulator(str(rd), size_guidance={"scalars": 0}).Reload()
+    assert [e.value for e in events.Scalars("perf/threads")] == [2.0, 2.0, 2.0]

@@ -16,10 +16,16 @@ Two things make several default runs on one machine crawl, and both are handled 
   and the choice, minus this process's own CPU time, and never more than torch's count
   (``OMP_NUM_THREADS`` is honoured). Two runs started together see each other importing and take
   one thread each; a run alone takes every core it may run on. ``threads=N`` sets ``N``.
+- **Load that arrives later.** A barrier of an OpenMP region waits for its slowest thread, so a
+  thread that shares its core with another busy process slows every region (measured: an update
+  at 2 threads beside one busy process ran about 6× slower than at 1 thread). With ``threads=0``
+  a run re-chooses its count every :data:`WATCH_INTERVAL_S` seconds (:class:`ThreadWatch`): a core
+  that other processes kept busy more than :data:`BUSY_CORE` of the last window is not used.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -28,6 +34,10 @@ from sac_spectral.core.config import ConfigError
 
 SPIN_COUNT = "10000"
 _MIN_WINDOW_S = 0.1
+#: seconds between two choices of a running process's thread count (threads=0)
+WATCH_INTERVAL_S = 10.0
+#: a core that other processes keep busy more than this share of a window is left to them
+BUSY_CORE = 0.25
 
 
 def configure_openmp() -> None:
@@ -110,3 +120,25 @@ def choose_threads(requested: int, current: int, since: CoreSample | None = None
         return current, f"torch's {current}"
     free = max(1, min(current, int(cores - busy + 0.5)))
     return free, f"{cores} allowed cores, {busy:.1f} busy with other processes"
+
+
+class ThreadWatch:
+    """The thread count of a running process with ``threads=0``: every ``interval_s`` seconds, the
+    allowed cores that other processes kept busy less than :data:`BUSY_CORE` of the last window,
+    between 1 and ``limit`` (the count chosen at start is the first)."""
+
+    def __init__(self, limit: int, interval_s: float = WATCH_INTERVAL_S) -> None:
+        self.limit, self.interval_s = limit, interval_s
+        self.sample = CoreSample()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.sample.wall >= self.interval_s
+
+    def choose(self) -> int | None:
+        """The count for the window that just ended (None where unmeasurable); starts the next."""
+        busy = self.sample.busy_elsewhere()
+        self.sample = CoreSample()
+        if busy is None:
+            return None
+        taken = math.ceil(max(busy - BUSY_CORE, 0.0) - 1e-9)
+        return max(1, min(self.limit, len(self.sample.cores) - taken))
