@@ -6,10 +6,12 @@ token authentication as ``ray start --head`` turns it on where ``~/.ray/auth_tok
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +47,8 @@ def two_nodes(tmp_path_factory):
     """A head and a worker node, 1 CPU each, their own temp dirs, a token file in a private HOME;
     each ``ray start --block`` is stopped by its pid (it stops its node's processes)."""
     tmp_path = tmp_path_factory.mktemp("cluster")
+    # Ray's socket paths lie under its temp dir and must stay under 108 bytes (AF_UNIX): a short one
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp" if os.path.isdir("/tmp") else None))
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
@@ -55,7 +59,7 @@ def two_nodes(tmp_path_factory):
     def start(name: str, *args: str) -> subprocess.Popen:
         """``ray start`` of one node, with its own temp dir and agent port, its output in a log file."""
         with (tmp_path / f"{name}.log").open("w") as log:
-            return subprocess.Popen([RAY, "start", *args, "--temp-dir", str(tmp_path / name),
+            return subprocess.Popen([RAY, "start", *args, "--temp-dir", str(ray_tmp / name),
                                      f"--dashboard-agent-listen-port={free_port()}", *common], env=env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -78,6 +82,7 @@ def two_nodes(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_two_node_cluster_runs_trials_on_both_nodes(tmp_path, two_nodes):

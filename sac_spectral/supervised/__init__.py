@@ -1,5 +1,6 @@
 """Continual supervised learning: datasets, task streams, models and the learner."""
 
+from sac_spectral.core.optim import make_optimizer
 from sac_spectral.supervised.datasets import (
     DATASETS,
     DataError,
@@ -23,5 +24,5 @@ from sac_spectral.supervised.streams import (
 __all__ = [
     "DATASETS", "MODELS", "STREAMS", "ClassificationTask", "ContinualLearner", "DataError", "Dataset",
     "LinearTargetTask", "Probe", "Stream", "SyntheticSpec", "build_model", "load_dataset",
-    "weight_sigma_max",
+    "make_optimizer", "weight_sigma_max",
 ]
