@@ -16,6 +16,7 @@ Each update returns the metrics ``SAC.update`` returns.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ import optax
 
 Array = jax.Array
 Tree = dict[str, Any]
+Layer = tuple[Array, Array]  # (w [out, in], b [out]), as nn.Linear
 _LOG2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _GAIN = math.sqrt(2.0)
@@ -45,15 +47,15 @@ class Hyper:
     target_entropy: float = -3.0
 
 
-def _mlp(key: Array, dims: list[int], heads: list[tuple[int, float]]) -> tuple[list[tuple[Array, Array]], list[tuple[Array, Array]]]:
+def _mlp(key: Array, dims: list[int], heads: list[tuple[int, float]]) -> tuple[list[Layer], list[Layer]]:
     """Trunk layers ``dims[0] → … → dims[-1]`` and heads ``(width, gain)``: orthogonal ``w [out, in]``
     (gain √2 in the trunk), zero bias."""
     keys = iter(jax.random.split(key, len(dims) - 1 + len(heads)))
 
-    def layer(d_in: int, d_out: int, gain: float) -> tuple[Array, Array]:
+    def layer(d_in: int, d_out: int, gain: float) -> Layer:
         return jax.nn.initializers.orthogonal(gain)(next(keys), (d_out, d_in)), jnp.zeros(d_out)
 
-    trunk = [layer(i, o, _GAIN) for i, o in zip(dims[:-1], dims[1:])]
+    trunk = [layer(i, o, _GAIN) for i, o in itertools.pairwise(dims)]
     return trunk, [layer(dims[-1], o, g) for o, g in heads]
 
 
@@ -68,7 +70,7 @@ def init_params(key: Array, obs_dim: int, act_dim: int, hidden: list[int], num_c
             "log_alpha": jnp.zeros(())}
 
 
-def _dense(p: tuple[Array, Array], x: Array) -> Array:
+def _dense(p: Layer, x: Array) -> Array:
     return x @ p[0].T + p[1]
 
 

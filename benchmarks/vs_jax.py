@@ -36,11 +36,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/vs_jax.py` imports this checkout's packages
 
+if TYPE_CHECKING:
+    from agents import SAC
+    from sac_spectral.core.nets import BatchedLinear, BatchedMLP
+
 BATCH, TOL, CHECK_UPDATES = 256, 1e-6, 3
+OBS, ACT = 17, 6  # DMC cheetah-run, as benchmarks.common (which imports torch: not in the JAX worker)
 #: name → (seeds, threads, busy co-runner, label)
 CONFIGS = {
     "1x1": (1, 1, False, "1 seed 1 thread"),
@@ -71,7 +79,7 @@ def serve(blocks: dict[str, Callable[[], float]]) -> None:
 
 
 def ours_worker(args: argparse.Namespace) -> None:
-    import sac_spectral  # noqa: F401  first: the project's OpenMP spin-wait, set before torch loads libgomp
+    import sac_spectral  # noqa: F401, I001  first: the project's OpenMP spin-wait, before torch loads libgomp
     import torch
 
     from agents.config import DEFAULT_REGULARIZERS
@@ -89,9 +97,7 @@ def ours_worker(args: argparse.Namespace) -> None:
 
 def jax_worker(args: argparse.Namespace) -> None:
     import jax
-    import numpy as np
 
-    from benchmarks.common import ACT, OBS
     from benchmarks.jax_sac import Hyper, JaxSAC, init_params
 
     n, k = args.seeds, args.updates
@@ -188,54 +194,59 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
 def report(name: str, s: dict[str, list[float]]) -> float:
     """Print one configuration's lines; returns the median per-round ratio ours/JAX."""
     ms = {k: statistics.median(v) * 1e3 for k, v in s.items()}
-    ratio = statistics.median(o / j for o, j in zip(s["ours"], s["jax"]))
-    scan_ratio = statistics.median(o / j for o, j in zip(s["ours"], s["scan"]))
+    ratio = statistics.median(o / j for o, j in zip(s["ours"], s["jax"], strict=True))
+    scan_ratio = statistics.median(o / j for o, j in zip(s["ours"], s["scan"], strict=True))
     print(f"{CONFIGS[name][3]}: ours {ms['ours']:.3f} ms  jax {ms['jax']:.3f} ms  ours/jax {ratio:.2f}")
     print(f"  jax lax.scan (one call per block): {ms['scan']:.3f} ms  ours/jax-scan {scan_ratio:.2f}")
     if "spectral" in s:
-        overhead = statistics.median(p / o for p, o in zip(s["spectral"], s["ours"])) - 1
+        overhead = statistics.median(p / o for p, o in zip(s["spectral"], s["ours"], strict=True)) - 1
         print(f"  spectral overhead: {overhead * 100:+.0f} % (ours with the default regularizers {ms['spectral']:.3f} ms)")
     return ratio
 
 
 # ----------------------------------------------------------------------------- equivalence
-def torch_params(agent: object) -> dict[str, object]:
+def torch_params(agent: SAC) -> dict[str, Any]:
     """``agent``'s parameters as the JAX pytree (numpy leaves, seeds leading, critics ``[N, C, …]``)."""
-    n, c = agent.num_seeds, agent.num_critics  # type: ignore[attr-defined]
+    n, c = agent.num_seeds, agent.num_critics
 
-    def lin(layer: object, lead: tuple[int, ...]) -> tuple[object, object]:
-        w, b = layer.weight.detach().numpy(), layer.bias.detach().numpy()  # type: ignore[attr-defined]
+    def lin(layer: BatchedLinear, lead: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        w, b = layer.weight.detach().numpy(), layer.bias.detach().numpy()
         return w.reshape(*lead, *w.shape[1:]).copy(), b.reshape(*lead, -1).copy()
 
-    def critic(net: object) -> dict[str, object]:
-        return {"trunk": [lin(x, (n, c)) for x in net.layers], "out": lin(net.heads[0], (n, c))}  # type: ignore[attr-defined]
+    def critic(net: BatchedMLP) -> dict[str, Any]:
+        return {"trunk": [lin(x, (n, c)) for x in net.layers], "out": lin(net.heads[0], (n, c))}
 
-    actor = agent.actor  # type: ignore[attr-defined]
+    actor = agent.actor
     return {
         "actor": {"trunk": [lin(x, (n,)) for x in actor.layers], "mean": lin(actor.heads[0], (n,)),
                   "log_std": lin(actor.heads[1], (n,))},
-        "critic": critic(agent.critic), "target": critic(agent.target_critic),  # type: ignore[attr-defined]
-        "log_alpha": agent.log_alpha.detach().numpy().copy(),  # type: ignore[attr-defined]
+        "critic": critic(agent.critic), "target": critic(agent.target_critic),
+        "log_alpha": agent.log_alpha.detach().numpy().copy(),
     }
 
 
 def check(seeds: int) -> float:
-    """Largest |parameter difference| after :data:`CHECK_UPDATES` updates on identical inputs."""
+    """Largest |parameter difference| after :data:`CHECK_UPDATES` updates on identical inputs.
+    Torch runs on 1 thread: 2 threads sum in another order, and a rounding-size change that flips
+    a ReLU near 0 (or the sign of a near-zero gradient in Adam's first, normalized steps) moves
+    weights by ~lr; torch 1 thread vs 2 threads alone then differ by ~1e-3 on 2 seeds."""
+    from agents import SAC  # noqa: I001  first: imports sac_spectral before torch (OpenMP setting)
     import jax
-    import numpy as np
     import torch
 
-    from benchmarks.common import ACT, OBS, build, sac_config
+    from benchmarks.common import sac_config
     from benchmarks.jax_sac import Hyper, JaxSAC
+    from sac_spectral.core.seeding import SeedStreams
 
+    torch.set_num_threads(1)
     cfg = sac_config()
-    agent, _ = build(cfg, seeds, size=1)
+    agent = SAC(OBS, ACT, cfg, SeedStreams(list(range(seeds))))
     sac = JaxSAC(Hyper(cfg.gamma, cfg.tau, cfg.critic.lr, cfg.actor.lr, cfg.alpha.lr, cfg.actor.log_std_min,
                        cfg.actor.log_std_max, agent.target_entropy))
     state = sac.init_state(jax.tree.map(jax.numpy.asarray, torch_params(agent)))
     g = torch.Generator().manual_seed(1)
+    nb = (seeds, BATCH)
     for _ in range(CHECK_UPDATES):
-        nb = (seeds, BATCH)
         batch = {"obs": torch.randn(*nb, OBS, generator=g), "action": torch.rand(*nb, ACT, generator=g) * 2 - 1,
                  "reward": torch.randn(*nb, generator=g), "next_obs": torch.randn(*nb, OBS, generator=g),
                  "terminated": (torch.rand(*nb, generator=g) < 0.1).float()}
