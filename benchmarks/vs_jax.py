@@ -1,14 +1,15 @@
 """Our SAC update against the same update in JAX (jaxrl's form), on the CPU.
 
     pip install -e ".[bench]"
-    python benchmarks/vs_jax.py [--rounds 7] [--updates 50] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check]
+    python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check]
 
 Both sides run plain SAC (no regularizers) with cheetah-run dimensions (obs 17, action 6), 2×256
 ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is the JAX side).
 
 1. Equivalence: a ``SAC``'s initial parameters are copied into the JAX state, both take 3 updates
    on identical batches and noise, and the largest absolute difference over all parameters
-   (actor, critics, target critics, log α) is printed: PASS if ≤ 1e-6 (else exit 1); 1 and 2 seeds.
+   (actor, critics, target critics, log α) is printed: PASS if ≤ 1e-6 (else exit 1); 1 and 2 seeds,
+   torch on 1 thread (see :func:`check`).
 2. Speed: ours is ``agent.train_steps(buffer, K, 256)`` on a filled replay buffer (indices and noise
    of K updates drawn at once, gathered, then K updates); JAX is a jitted ``update(state, buffer, key)``
    that draws indices and noise with ``jax.random`` and does one update, called K times from Python
@@ -19,10 +20,14 @@ ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is
    pinned to the same core). Per round the parent times one block of K updates on each side in
    turn (alternating which goes first); figures are medians over rounds, ``ours/jax`` is the
    median of the per-round ratios (> 1: JAX is faster). ``1x2busy``: 2 threads while a busy loop
-   spins in another process.
+   started by this script spins in another process; ``1x2``: without it (other load on the
+   machine is not controlled: the load averages before and after are printed).
+3. Spectral overhead (1x1): ours with ``run_configs/default.yaml``'s regularizers against ours
+   plain, timed in the same rounds.
 
-The last line, ``ours/jax: 1 seed 1 thread R | 10 seeds 1 thread R | 1 seed 2 threads busy R``,
-holds the ratios (``-`` where not measured).
+Output: the header lists what differs between the sides; per configuration, the median ms/update
+of each side and ``ours/jax``. The last line, ``ours/jax: 1 seed 1 thread R | 10 seeds 1 thread R
+| 1 seed 2 threads busy R``, holds the ratios (``-`` where not measured).
 """
 
 from __future__ import annotations
@@ -67,7 +72,9 @@ differences between the sides:
     jax.random (threefry) inside each jitted update (the scan form: inside the scan)
   - ours runs eager torch ops (fused Adam); JAX compiles the whole update (sampling included)
     into one XLA program, state buffers donated
-  - both return the same per-update metrics (losses, mean Q, entropy) without reading them"""
+  - both return the same per-update metrics (losses, mean Q, entropy) without reading them
+  - timing data: 10 000 random transitions per seed of the same shapes and distributions, not the
+    same values; each side initializes its own (orthogonal) parameters"""
 
 
 # ----------------------------------------------------------------------------- workers
@@ -141,7 +148,7 @@ class Worker:
     """One side's worker process; :meth:`block` times one block of updates."""
 
     def __init__(self, side: str, seeds: int, threads: int, core: int, updates: int) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         if side == "jax" and threads == 1:
             env["XLA_FLAGS"] = XLA_ONE_THREAD
         cmd = [sys.executable, __file__, "--worker", side, "--seeds", str(seeds), "--threads", str(threads),
@@ -261,7 +268,7 @@ def check(seeds: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--updates", type=int, default=50, help="K: updates per timed block")
+    p.add_argument("--updates", type=int, default=20, help="K: updates per timed block")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     p.add_argument("--skip-check", action="store_true")
     for flag, kind in (("--worker", str), ("--seeds", int), ("--threads", int), ("--core", int)):
