@@ -1,0 +1,304 @@
+"""Our SAC update against the same update in JAX (jaxrl's form), on the CPU.
+
+    pip install -e ".[bench]"
+    python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check]
+
+Both sides run plain SAC (no regularizers) with cheetah-run dimensions (obs 17, action 6), 2×256
+ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is the JAX side).
+
+1. Equivalence: a ``SAC``'s initial parameters are copied into the JAX state, both take 3 updates
+   on identical batches and noise, and the largest absolute difference over all parameters
+   (actor, critics, target critics, log α) is printed: PASS if ≤ 1e-6 (else exit 1); 1 and 2 seeds,
+   torch on 1 thread (see :func:`check`).
+2. Speed: ours is ``agent.train_steps(buffer, K, 256)`` on a filled replay buffer (indices and noise
+   of K updates drawn at once, gathered, then K updates); JAX is a jitted ``update(state, buffer, key)``
+   that draws indices and noise with ``jax.random`` and does one update, called K times from Python
+   (``block_until_ready`` after the block), and, on its own line, K updates in one ``lax.scan``
+   call. N seeds: ours has N members, JAX ``jax.vmap``s the update over N. Each side runs in its
+   own worker process, configured before torch or JAX is imported and warmed up once (1 thread:
+   torch/OpenMP 1 thread, XLA without multi-threaded Eigen and intra-op threads 1, both workers
+   pinned to the same core). Per round the parent times one block of K updates on each side in
+   turn (alternating which goes first); figures are medians over rounds, ``ours/jax`` is the
+   median of the per-round ratios (> 1: JAX is faster). ``1x2busy``: 2 threads while a busy loop
+   started by this script spins in another process; ``1x2``: without it (other load on the
+   machine is not controlled: the load averages before and after are printed).
+3. Spectral overhead (1x1): ours with ``run_configs/default.yaml``'s regularizers against ours
+   plain, timed in the same rounds.
+
+Output: the header lists what differs between the sides; per configuration, the median ms/update
+of each side and ``ours/jax``. The last line, ``ours/jax: 1 seed 1 thread R | 10 seeds 1 thread R
+| 1 seed 2 threads busy R``, holds the ratios (``-`` where not measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python benchmarks/vs_jax.py` imports this checkout's packages
+
+if TYPE_CHECKING:
+    from agents import SAC
+    from sac_spectral.core.nets import BatchedLinear, BatchedMLP
+
+BATCH, TOL, CHECK_UPDATES = 256, 1e-6, 3
+OBS, ACT = 17, 6  # DMC cheetah-run, as benchmarks.common (which imports torch: not in the JAX worker)
+#: name → (seeds, threads, busy co-runner, label)
+CONFIGS = {
+    "1x1": (1, 1, False, "1 seed 1 thread"),
+    "10x1": (10, 1, False, "10 seeds 1 thread"),
+    "1x2busy": (1, 2, True, "1 seed 2 threads busy"),
+    "1x2": (1, 2, False, "1 seed 2 threads idle"),
+}
+FINAL = ("1x1", "10x1", "1x2busy")
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+HEADER = """\
+ours (agents.SAC.train_steps) vs the same SAC update in JAX + optax (benchmarks/jax_sac.py, jaxrl's form):
+plain SAC, cheetah-run dims (obs 17, act 6), 2x256 ReLU MLPs, 2 critics, batch 256, fp32, CPU
+differences between the sides:
+  - randomness: ours draws indices and noise from per-seed torch.Generator streams (CPU: mt19937)
+    for all K updates of a block at once and gathers the K batches up front; JAX draws them with
+    jax.random (threefry) inside each jitted update (the scan form: inside the scan)
+  - ours runs eager torch ops (fused Adam); JAX compiles the whole update (sampling included)
+    into one XLA program, state buffers donated
+  - both return the same per-update metrics (losses, mean Q, entropy) without reading them
+  - timing data: 10 000 random transitions per seed of the same shapes and distributions, not the
+    same values; each side initializes its own (orthogonal) parameters"""
+
+
+# ----------------------------------------------------------------------------- workers
+def serve(blocks: dict[str, Callable[[], float]]) -> None:
+    """Answer each command line on stdin (a key of ``blocks``) with the block's seconds per update."""
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(repr(blocks[line.strip()]()), flush=True)
+
+
+def ours_worker(args: argparse.Namespace) -> None:
+    import sac_spectral  # noqa: F401, I001  first: the project's OpenMP spin-wait, before torch loads libgomp
+    import torch
+
+    from agents.config import DEFAULT_REGULARIZERS
+    from benchmarks.common import build, sac_config, time_updates
+
+    torch.set_num_threads(args.threads)
+    cfg = sac_config()
+    if args.side == "ours-spectral":
+        cfg.actor.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
+        cfg.critic.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
+    agent, buf = build(cfg, args.seeds)
+    time_updates(agent, buf, BATCH, args.updates)
+    serve({"loop": lambda: time_updates(agent, buf, BATCH, args.updates)})
+
+
+def jax_worker(args: argparse.Namespace) -> None:
+    import jax
+
+    from benchmarks.jax_sac import Hyper, JaxSAC, init_params
+
+    n, k = args.seeds, args.updates
+    sac = JaxSAC(Hyper(target_entropy=-0.5 * ACT))
+    keys = jax.random.split(jax.random.key(0), n)
+    state = sac.init_state(jax.vmap(lambda key: init_params(key, OBS, ACT, [256, 256], 2))(keys))
+    rng, size = np.random.default_rng(0), 10_000
+    buffer = jax.device_put({
+        "obs": rng.standard_normal((n, size, OBS), np.float32), "action": rng.uniform(-1, 1, (n, size, ACT)).astype(np.float32),
+        "reward": rng.standard_normal((n, size), np.float32), "next_obs": rng.standard_normal((n, size, OBS), np.float32),
+        "terminated": np.zeros((n, size), np.float32)})
+    carry = [state, keys]
+
+    def loop() -> float:
+        t = time.perf_counter()
+        s, key = carry
+        for _ in range(k):
+            s, key, _ = sac.step(s, buffer, key)
+        jax.block_until_ready(s)
+        carry[:] = s, key
+        return (time.perf_counter() - t) / k
+
+    def scan() -> float:
+        t = time.perf_counter()
+        s, key, _ = sac.scan(carry[0], buffer, carry[1], k)
+        jax.block_until_ready(s)
+        carry[:] = s, key
+        return (time.perf_counter() - t) / k
+
+    loop(), scan()
+    serve({"loop": loop, "scan": scan})
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    if args.core >= 0:
+        os.sched_setaffinity(0, {args.core})
+    (jax_worker if args.side == "jax" else ours_worker)(args)
+
+
+class Worker:
+    """One side's worker process; :meth:`block` times one block of updates."""
+
+    def __init__(self, side: str, seeds: int, threads: int, core: int, updates: int) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        if side == "jax" and threads == 1:
+            env["XLA_FLAGS"] = XLA_ONE_THREAD
+        cmd = [sys.executable, __file__, "--worker", side, "--seeds", str(seeds), "--threads", str(threads),
+               "--core", str(core), "--updates", str(updates)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def wait_ready(self) -> None:
+        if self.proc.stdout is None or self.proc.stdout.readline().strip() != "ready":
+            raise SystemExit(f"worker {self.proc.args} failed (exit {self.proc.wait()})")
+
+    def block(self, kind: str = "loop") -> float:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(kind + "\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+# ----------------------------------------------------------------------------- timing
+def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Seconds per update of each side, one sample per round (``spectral``: ours with the default
+    regularizers, 1x1 only)."""
+    seeds, threads, busy, _ = CONFIGS[name]
+    core = max(os.sched_getaffinity(0)) if threads == 1 else -1
+    sides = {"ours": "ours", "jax": "jax"} | ({"spectral": "ours-spectral"} if name == "1x1" else {})
+    workers = {k: Worker(side, seeds, threads, core, args.updates) for k, side in sides.items()}
+    for w in workers.values():
+        w.wait_ready()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    samples: dict[str, list[float]] = {k: [] for k in [*workers, "scan"]}
+    try:
+        for r in range(args.rounds):
+            order = list(workers) if r % 2 == 0 else list(reversed(workers))
+            for k in order:
+                samples[k].append(workers[k].block())
+            samples["scan"].append(workers["jax"].block("scan"))
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+        for w in workers.values():
+            w.close()
+    return samples
+
+
+def report(name: str, s: dict[str, list[float]]) -> float:
+    """Print one configuration's lines; returns the median per-round ratio ours/JAX."""
+    ms = {k: statistics.median(v) * 1e3 for k, v in s.items()}
+    ratio = statistics.median(o / j for o, j in zip(s["ours"], s["jax"], strict=True))
+    scan_ratio = statistics.median(o / j for o, j in zip(s["ours"], s["scan"], strict=True))
+    print(f"{CONFIGS[name][3]}: ours {ms['ours']:.3f} ms  jax {ms['jax']:.3f} ms  ours/jax {ratio:.2f}")
+    print(f"  jax lax.scan (one call per block): {ms['scan']:.3f} ms  ours/jax-scan {scan_ratio:.2f}")
+    if "spectral" in s:
+        overhead = statistics.median(p / o for p, o in zip(s["spectral"], s["ours"], strict=True)) - 1
+        print(f"  spectral overhead: {overhead * 100:+.0f} % (ours with the default regularizers {ms['spectral']:.3f} ms)")
+    return ratio
+
+
+# ----------------------------------------------------------------------------- equivalence
+def torch_params(agent: SAC) -> dict[str, Any]:
+    """``agent``'s parameters as the JAX pytree (numpy leaves, seeds leading, critics ``[N, C, …]``)."""
+    n, c = agent.num_seeds, agent.num_critics
+
+    def lin(layer: BatchedLinear, lead: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        w, b = layer.weight.detach().numpy(), layer.bias.detach().numpy()
+        return w.reshape(*lead, *w.shape[1:]).copy(), b.reshape(*lead, -1).copy()
+
+    def critic(net: BatchedMLP) -> dict[str, Any]:
+        return {"trunk": [lin(x, (n, c)) for x in net.layers], "out": lin(net.heads[0], (n, c))}
+
+    actor = agent.actor
+    return {
+        "actor": {"trunk": [lin(x, (n,)) for x in actor.layers], "mean": lin(actor.heads[0], (n,)),
+                  "log_std": lin(actor.heads[1], (n,))},
+        "critic": critic(agent.critic), "target": critic(agent.target_critic),
+        "log_alpha": agent.log_alpha.detach().numpy().copy(),
+    }
+
+
+def check(seeds: int) -> float:
+    """Largest |parameter difference| after :data:`CHECK_UPDATES` updates on identical inputs.
+    Torch runs on 1 thread: 2 threads sum in another order, and a rounding-size change that flips
+    a ReLU near 0 (or the sign of a near-zero gradient in Adam's first, normalized steps) moves
+    weights by ~lr; torch 1 thread vs 2 threads alone then differ by ~1e-3 on 2 seeds."""
+    from agents import SAC  # noqa: I001  first: imports sac_spectral before torch (OpenMP setting)
+    import jax
+    import torch
+
+    from benchmarks.common import sac_config
+    from benchmarks.jax_sac import Hyper, JaxSAC
+    from sac_spectral.core.seeding import SeedStreams
+
+    torch.set_num_threads(1)
+    cfg = sac_config()
+    agent = SAC(OBS, ACT, cfg, SeedStreams(list(range(seeds))))
+    sac = JaxSAC(Hyper(cfg.gamma, cfg.tau, cfg.critic.lr, cfg.actor.lr, cfg.alpha.lr, cfg.actor.log_std_min,
+                       cfg.actor.log_std_max, agent.target_entropy))
+    state = sac.init_state(jax.tree.map(jax.numpy.asarray, torch_params(agent)))
+    g = torch.Generator().manual_seed(1)
+    nb = (seeds, BATCH)
+    for _ in range(CHECK_UPDATES):
+        batch = {"obs": torch.randn(*nb, OBS, generator=g), "action": torch.rand(*nb, ACT, generator=g) * 2 - 1,
+                 "reward": torch.randn(*nb, generator=g), "next_obs": torch.randn(*nb, OBS, generator=g),
+                 "terminated": (torch.rand(*nb, generator=g) < 0.1).float()}
+        noise = torch.randn(2, *nb, ACT, generator=g)
+        agent.update(batch, noise)
+        state, _ = sac.train_batch(state, {k: v.numpy() for k, v in batch.items()}, noise.numpy())
+    ours = torch_params(agent)
+    diffs = jax.tree.map(lambda a, b: float(np.abs(a - np.asarray(b)).max()), ours, {k: state[k] for k in ours})
+    return max(jax.tree.leaves(diffs))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--updates", type=int, default=20, help="K: updates per timed block")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
+    p.add_argument("--skip-check", action="store_true")
+    for flag, kind in (("--worker", str), ("--seeds", int), ("--threads", int), ("--core", int)):
+        p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        args.side = args.worker
+        worker_main(args)
+        return
+    if importlib.util.find_spec("jax") is None or importlib.util.find_spec("optax") is None:
+        print('JAX or optax is not installed; nothing to compare (pip install -e ".[bench]")')
+        return
+    names = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown:
+        p.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
+    print(HEADER)
+    print(f"K = {args.updates} updates per block, {args.rounds} rounds; load average before: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; cores: {len(os.sched_getaffinity(0))}")
+    if not args.skip_check:
+        for seeds in (1, 2):
+            diff = check(seeds)
+            print(f"equivalence, {seeds} seed(s), {CHECK_UPDATES} updates: max |param diff| {diff:.2e}  "
+                  f"{'PASS' if diff <= TOL else 'FAIL'}", flush=True)
+            if diff > TOL:
+                sys.exit(1)
+    ratios = {name: report(name, run_config(name, args)) for name in names}
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("ours/jax: " + " | ".join(f"{CONFIGS[n][3]} {f'{ratios[n]:.2f}' if n in ratios else '-'}" for n in FINAL))
+
+
+if __name__ == "__main__":
+    main()
