@@ -22,16 +22,21 @@ from typing import Any
 import torch
 
 from agents import SAC, ReplayBuffer
+from agents.config import TrainConfig
 from agents.probes import probe_batch, sac_diagnostics
-from sac_spectral.core.config import ConfigError, merge_sources, read_yaml
+from sac_spectral.core.config import ConfigError, merge_sources, one_line, read_yaml
 from sac_spectral.core.seeding import SeedStreams
-from sac_spectral.diagnostics import Report
-from sac_spectral.core.config import one_line
 from sac_spectral.core.threads import check_threads
-from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint, replaceable, write_json
+from sac_spectral.diagnostics import Report
+from sac_spectral.rl_run import check_format
+from sac_spectral.runs.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    replaceable,
+    write_json,
+)
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
-from sac_spectral.train import TrainConfig, check_format
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:

@@ -21,14 +21,15 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from agents.config import TrainConfig
 from agents.networks import actor_mean_log_std, make_actor
 from envs import UnknownEnvError, make_env, run_episode
 from envs.evaluate import eval_seed
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.seeding import derive_seed
+from sac_spectral.rl_run import check_format
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.layout import CHECKPOINT
-from sac_spectral.train import TrainConfig, check_format
 
 _ACTOR = "actor."
 

@@ -309,7 +309,7 @@ def test_threads_0_follows_the_cores_left_idle_during_the_run(tmp_path, monkeypa
     finds two idle cores, from a start at one thread) and logs it as perf/threads."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    import sac_spectral.train as train_module
+    import sac_spectral.rl_run as rl_run
     from sac_spectral.core.threads import ThreadWatch
 
     class TwoIdle(ThreadWatch):
@@ -319,7 +319,7 @@ def test_threads_0_follows_the_cores_left_idle_during_the_run(tmp_path, monkeypa
         def choose(self) -> int:
             return 2
 
-    monkeypatch.setattr(train_module, "ThreadWatch", TwoIdle)
+    monkeypatch.setattr(rl_run, "ThreadWatch", TwoIdle)
     rd = tmp_path / "run"
     assert run(FAST + ["total_steps=300", "threads=0", f"run_dir={rd}"]) == 0
     assert torch.get_num_threads() == 2

@@ -1,0 +1,146 @@
+"""What one RL run of ``sac_spectral.train`` holds and saves: its envs, agent, replay buffer,
+counters and evaluations, its run directory, and the checkpoint layout (:data:`CHECKPOINT_FORMAT`)
+that :func:`check_format` guards for every reader (resume, ``diagnose``, ``load_policy``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents import SAC, ReplayBuffer
+from agents.config import TrainConfig, run_tag, seed_label
+from envs import EnvPool, UnknownEnvError, make_env
+from envs.evaluate import eval_env_seed
+from sac_spectral.core.config import ConfigError
+from sac_spectral.core.seeding import SeedStreams
+from sac_spectral.core.threads import ThreadWatch
+from sac_spectral.runs.cli import recorded_config, set_torch_threads
+from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finite
+from sac_spectral.runs.memory import check_fits, sac_estimate
+from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
+from sac_spectral.runs.video import render, use_offscreen_rendering
+
+#: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming
+CHECKPOINT_FORMAT = 2
+
+
+def check_format(state: dict[str, Any]) -> None:
+    """``ValueError`` for a checkpoint of another layout (the runners report it in one line)."""
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"its layout is format {state.get('format')!r}, this version reads format {CHECKPOINT_FORMAT} "
+            "(format 1 predates the nn.Linear weight layout and the actor's separate heads); start a new run"
+        )
+
+
+def describe(cfg: TrainConfig, seeds: Sequence[int], threads: str) -> str:
+    """One line: what a run of ``cfg`` does."""
+    regs = {net: "+".join(r["name"] for r in getattr(cfg, net).regularizers) or "none" for net in ("actor", "critic")}
+    parts = [
+        cfg.env, f"seed{'s' if len(seeds) > 1 else ''} {seed_label(seeds)[1:]}",
+        f"{cfg.total_steps} steps at replay ratio {cfg.replay_ratio:g} after {cfg.random_steps} random",
+        f"regularizers actor: {regs['actor']}, critic: {regs['critic']}",
+    ]
+    if cfg.resets.every:
+        parts.append(f"resets ({cfg.resets.what}) every {cfg.resets.every}")
+    if cfg.priming.updates:
+        parts.append(f"priming {cfg.priming.updates} updates on the first {cfg.priming.transitions} transitions")
+    parts.append(f"{cfg.device}, {threads}")
+    return " | ".join(parts)
+
+
+class RLRun:
+    """What one RL run holds — envs, agent, buffer, counters, evaluations — and its run directory
+    and checkpoint state (the :class:`~sac_spectral.runs.run.Loop` side that is not the loop)."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        limit = torch.get_num_threads()
+        self.cfg, self.threads, self.device = cfg, set_torch_threads(cfg.threads), torch.device(cfg.device)
+        self.thread_watch = ThreadWatch(limit) if cfg.threads == 0 and self.device.type == "cpu" else None
+        self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+        if cfg.video_every:
+            use_offscreen_rendering()  # before the first dm_control env is made
+        try:
+            self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat)
+        except UnknownEnvError as err:
+            raise ConfigError(f"env: {err}") from None
+        check_fits(sac_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
+                   "buffer_size, batch_size, replay_ratio, num_seeds or the hidden widths")
+        self.eval_envs = [make_env(cfg.env, eval_env_seed(s), cfg.action_repeat) for s in self.seeds]
+        if cfg.video_every:  # fail now, not at the first video, where the env or OpenGL cannot render
+            self.eval_envs[0].reset(seed=eval_env_seed(self.seeds[0]))
+            render(self.eval_envs[0])
+        self.streams = SeedStreams(self.seeds, self.device)
+        self.agent = SAC(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device)
+        self.step = self.primed = self.diagnosed = self.last_reset = 0
+        self.evals: list[dict[str, Any]] = []
+        self.random_return: list[float] | None = None
+        self.priming_report: dict[str, dict[str, list[float]]] = {}
+        self.wall_time = 0.0
+        self.last_info: dict[str, torch.Tensor] = {}
+        self.run_dir: Path | None = None
+        self.logger: RunLogger | None = None
+        self.postfix: dict[str, str] = {}
+
+    # ----------------------------------------------------------------------------- run directory
+    def open_new(self) -> Path:
+        slug = self.cfg.env.replace(":", "-").replace("/", "-")
+        self.run_dir = open_run_dir(self.cfg, f"{slug}__{run_tag(self.cfg)}__{seed_label(self.seeds)}")
+        self.logger = RunLogger(self.run_dir, self.cfg.num_seeds)
+        return self.run_dir
+
+    def open_resume(self, path: Path) -> None:
+        self.load_state_dict(reopen_run_dir(self.cfg, path))
+        self.run_dir = path
+        self.logger = RunLogger(path, self.cfg.num_seeds, purge_step=self.step + 1)
+
+    def position(self) -> str:
+        if self._priming_due():
+            return f"step {self.step} (priming update {self.primed} of {self.cfg.priming.updates})"
+        return f"step {self.step}"
+
+    def describe(self) -> str:
+        return describe(self.cfg, self.seeds, self.threads)
+
+    def _priming_due(self) -> bool:
+        return self.step >= self.cfg.priming.transitions and self.primed < self.cfg.priming.updates
+
+    # ----------------------------------------------------------------------------- state
+    _COUNTERS = ("step", "primed", "diagnosed", "last_reset")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT, "config": recorded_config(self.cfg),
+            **{key: getattr(self, key) for key in self._COUNTERS},
+            "agent": self.agent.full_state_dict(), "buffer": self.buffer.state_dict(),
+            "streams": self.streams.state_dict(), "pool": self.pool.state_dict(), "torch_rng": torch.get_rng_state(),
+            "evals": self.evals, "random_return": self.random_return, "priming_report": self.priming_report,
+            "wall_time": self.wall_time,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_format(state)
+        if int(state["step"]) > self.cfg.total_steps:
+            raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
+                              f"give total_steps >= {int(state['step'])}")
+        for key in self._COUNTERS:
+            setattr(self, key, int(state[key]))
+        self.agent.load_full_state_dict(state["agent"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.streams.load_state_dict(state["streams"])
+        if not self.pool.load_state_dict(state["pool"]):
+            print("note: this env's state cannot be restored exactly; the resumed run starts a new episode", file=sys.stderr)
+        torch.set_rng_state(state["torch_rng"])
+        self.evals, self.random_return = list(state["evals"]), state["random_return"]
+        self.priming_report, self.wall_time = dict(state["priming_report"]), float(state["wall_time"])
+
+    def finite(self) -> bool:
+        """Networks, optimizer state, α and regularizer state are finite (the replay buffer holds
+        what the envs returned and is not checked)."""
+        return state_is_finite(self.agent.full_state_dict()) and tensor_is_finite(self.agent.metrics())
