@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import random
 import shutil
@@ -23,7 +24,7 @@ from sac_spectral.regularizers import REGISTRY
 from sac_spectral.runs import checkpoint, cli, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.runs.layout import CHECKPOINT, SUMMARY, dir_kind, run_kind
 from sac_spectral.runs.logger import state_is_finite
 from sac_spectral.studies import sweep
 from sac_spectral.supervised.datasets import DataError, load_dataset
@@ -148,6 +149,16 @@ def test2_continual_resume_refuses_an_edited_key_and_accepts_an_edited_resumable
     _edit(cl_run, "stream.num_tasks", 3)  # resumable: editing the file is as good as an override
     assert C("--resume", cl_run) == 0
     assert load_checkpoint(cl_run / CHECKPOINT)["iteration"] == 60
+
+
+def test_the_checkpoint_and_summary_record_the_run_kind_and_readers_fall_back_to_the_config(rl_run, cl_run):
+    for run_dir, kind in ((rl_run, "train"), (cl_run, "continual")):
+        assert load_checkpoint(run_dir / CHECKPOINT)["kind"] == kind
+        assert json.loads((run_dir / SUMMARY).read_text())["kind"] == kind
+        assert dir_kind(run_dir, {}) == kind  # the summary's record wins over the config
+        (run_dir / SUMMARY).unlink()  # a run in progress, or one written before runs recorded their kind
+        assert dir_kind(run_dir, read_yaml(run_dir / "config.yaml")) == kind
+    assert run_kind({"env": "x"}, {"kind": "continual"}) == "continual" and run_kind({"env": "x"}, {}) == "train"
 
 
 def test2_the_checkpoint_records_the_resolved_config_without_run_dir(rl_run):
