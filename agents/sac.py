@@ -143,6 +143,16 @@ def make_actor(
     )
 
 
+def make_critic(
+    members: int, obs_dim: int, act_dim: int, cfg: CriticConfig, generators: list[torch.Generator] | None = None
+) -> BatchedMLP:
+    """``members`` Q-networks of one batched MLP on ``[obs, action]`` (output gain √2)."""
+    return BatchedMLP(
+        members, obs_dim + act_dim, cfg.hidden, 1, cfg.activation, cfg.layer_norm, cfg.init,
+        out_gains=_GAIN, generators=generators,
+    )
+
+
 def actor_mean_log_std(actor: BatchedMLP, obs: Tensor, cfg: ActorConfig) -> tuple[Tensor, Tensor]:
     """Mean and log σ of the pre-tanh Gaussian, log σ squashed into ``[log_std_min, log_std_max]``."""
     mean, raw = actor(obs)
@@ -217,11 +227,8 @@ class SAC(nn.Module):
         return [g for g in self.streams["init"] for _ in range(self.num_critics)]
 
     def _build_critic(self) -> BatchedMLP:
-        c = self.cfg.critic
-        return BatchedMLP(
-            self.num_seeds * self.num_critics, self.obs_dim + self.act_dim, c.hidden, 1, c.activation,
-            c.layer_norm, c.init, out_gains=_GAIN, generators=self._critic_generators(),
-        )
+        return make_critic(self.num_seeds * self.num_critics, self.obs_dim, self.act_dim, self.cfg.critic,
+                           self._critic_generators())
 
     def _build_regularizers(self) -> tuple[list[Regularizer], list[Regularizer]]:
         """Build each network's regularizers, give them its optimizer and per-member random streams

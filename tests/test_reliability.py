@@ -286,6 +286,11 @@ def test8_estimates_match_the_allocations_they_count():
     actor = sum(p.numel() for p in agent.actor.parameters())
     critic = sum(p.numel() for p in agent.critic.parameters())
     assert parts["networks and Adam state"] == 4 * (4 * actor + (4 + 1 + 1) * critic)  # + target, + θ₀ of l2_init
+    cfg.critic.layer_norm = cfg.actor.layer_norm = True  # the networks as built: LayerNorm's gains and shifts count too
+    agent = SAC(5, 2, cfg, SeedStreams([0, 1]))
+    actor = sum(p.numel() for p in agent.actor.parameters())
+    critic = sum(p.numel() for p in agent.critic.parameters())
+    assert memory.sac_estimate(cfg, 5, 2)["networks and Adam state"] == 4 * (4 * actor + (4 + 1 + 1) * critic)
     from sac_spectral.supervised.models import build_model
 
     for name, shape in [("mlp", (1, 8, 8)), ("cnn", (3, 16, 16)), ("vit", (3, 16, 16)), ("resnet18", (3, 16, 16))]:
