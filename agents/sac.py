@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.replay import ReplayBuffer
-from sac_spectral.core.config import check, option, section
+from sac_spectral.core.config import at_least, check, option, section
 from sac_spectral.core.nets import ACTIVATIONS, INITS, BatchedMLP
 from sac_spectral.core.precision import Bf16Copies, Bf16Switch
 from sac_spectral.core.reinit import reset_layers
@@ -71,7 +71,7 @@ class NetConfig:
         check(self.activation in ACTIVATIONS, "activation", f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
         check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
-        check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        at_least(self, 0, "weight_decay")
         validate_specs(self.regularizers, "regularizers")
 
 
@@ -91,7 +91,7 @@ class CriticConfig(NetConfig):
 
     def validate(self) -> None:
         super().validate()
-        check(self.num_critics >= 1, "num_critics", f"must be >= 1, got {self.num_critics}")
+        at_least(self, 1, "num_critics")
 
 
 @dataclass

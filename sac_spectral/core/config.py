@@ -142,6 +142,13 @@ def check(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def at_least(obj: Any, minimum: int, *keys: str) -> None:
+    """``check`` that each attribute ``key`` of ``obj`` is ``>= minimum`` (``key: must be >= 1, got 0``)."""
+    for key in keys:
+        value = getattr(obj, key)
+        check(value >= minimum, key, f"must be >= {minimum}, got {value}")
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
