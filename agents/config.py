@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.probes import DiagnosticsConfig
-from sac_spectral.core.config import check, option, section
+from sac_spectral.core.config import at_least, check, option, section
 from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS
 from sac_spectral.core.precision import PRECISIONS
@@ -43,7 +43,7 @@ class NetConfig:
         check(self.activation in ACTIVATIONS, "activation", f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
         check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
-        check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        at_least(self, 0, "weight_decay")
         validate_specs(self.regularizers, "regularizers")
 
 
@@ -63,7 +63,7 @@ class CriticConfig(NetConfig):
 
     def validate(self) -> None:
         super().validate()
-        check(self.num_critics >= 1, "num_critics", f"must be >= 1, got {self.num_critics}")
+        at_least(self, 1, "num_critics")
 
 
 @dataclass
@@ -106,9 +106,9 @@ class ResetConfig:
         return None if self.what == "all" else self.last_layers
 
     def validate(self) -> None:
-        check(self.every >= 0, "every", f"must be >= 0, got {self.every}")
+        at_least(self, 0, "every")
         check(self.what in RESET_CHOICES, "what", f"'{self.what}' is not one of {', '.join(RESET_CHOICES)}")
-        check(self.last_layers >= 1, "last_layers", f"must be >= 1, got {self.last_layers}")
+        at_least(self, 1, "last_layers")
 
 
 @dataclass
@@ -118,7 +118,7 @@ class PrimingConfig:
 
     def validate(self) -> None:
         check(self.transitions >= 0, "transitions", f"must be >= 0 (0 = no priming), got {self.transitions}")
-        check(self.updates >= 0, "updates", f"must be >= 0, got {self.updates}")
+        at_least(self, 0, "updates")
         check(self.updates == 0 or self.transitions >= 1, "transitions", "must be >= 1 when priming.updates > 0")
 
 
@@ -151,10 +151,8 @@ class TrainConfig(SACConfig):
 
     def validate(self) -> None:
         super().validate()
-        for key in ("num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("random_steps", "eval_every", "video_every", "checkpoint_every", "threads"):
-            check(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every")
+        at_least(self, 0, "random_steps", "eval_every", "video_every", "checkpoint_every", "threads")
         check(not self.video_every or (self.eval_every and self.video_every % self.eval_every == 0), "video_every",
               f"must be a multiple of eval_every ({self.eval_every}) or 0, got {self.video_every}")
         check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")

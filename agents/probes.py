@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.core.config import check, option
+from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics.gradients import METHODS, LossFn
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
@@ -45,7 +45,7 @@ class DiagnosticsConfig:
     def validate(self) -> None:
         check(self.every >= 0, "every", f"must be >= 0 (0 = off), got {self.every}")
         check(self.batch_size >= 2, "batch_size", f"must be >= 2, got {self.batch_size}")
-        check(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")
+        at_least(self, 0, "tau")
         check(0 < self.rtol < 1, "rtol", f"must be in (0, 1), got {self.rtol}")
         check(self.method in METHODS, "method", f"'{self.method}' is not one of {', '.join(METHODS)}")
 

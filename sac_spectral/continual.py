@@ -105,6 +105,8 @@ class ContinualRun:
     """What one continual run holds — data, stream, learner, counters, results — and its run
     directory and checkpoint state (the :class:`~sac_spectral.runs.run.Loop` side that is not the loop)."""
 
+    kind = "continual"
+
     def __init__(self, cfg: ContinualConfig) -> None:
         self.cfg = cfg
         self.threads = set_torch_threads(cfg.threads)

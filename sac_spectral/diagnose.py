@@ -36,7 +36,7 @@ from sac_spectral.runs.checkpoint import (
     write_json,
 )
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
+from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, run_kind
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
@@ -45,12 +45,12 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
     if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / CHECKPOINT).is_file():
         raise ConfigError(f"'{run_dir}' is not a run directory: expected {run_dir / CONFIG_FILE} and {run_dir / CHECKPOINT}")
     data = read_yaml(run_dir / CONFIG_FILE)
-    if "stream" in data and "env" not in data:
+    state = load_checkpoint(run_dir / CHECKPOINT)
+    saved = state.get("config")
+    if run_kind(saved if isinstance(saved, dict) else data, state) == "continual":
         raise ConfigError(f"'{run_dir}' is a run of python -m sac_spectral.continual; diagnose reads RL runs of "
                           "python -m sac_spectral.train (a continual run logs these diagnostics to TensorBoard at "
                           "every task end, and every diagnostics_every iterations)")
-    state = load_checkpoint(run_dir / CHECKPOINT)
-    saved = state.get("config")
     source = run_dir / (CHECKPOINT if isinstance(saved, dict) else CONFIG_FILE)
     try:
         cfg = merge_sources(TrainConfig, {**saved, "device": "cpu"} if isinstance(saved, dict) else data)

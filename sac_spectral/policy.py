@@ -10,7 +10,7 @@ in ``evals.csv``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +29,7 @@ from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.rl_run import check_format
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
-from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.runs.layout import CHECKPOINT, run_kind
 
 _ACTOR = "actor."
 
@@ -153,7 +153,8 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
     or a seed index out of range raise a one-line :class:`CheckpointError` / ``ConfigError``."""
     path = checkpoint_path(run_dir_or_checkpoint)
     state = load_checkpoint(path, mmap=True)
-    if "learner" in state and "agent" not in state:
+    saved = state.get("config")
+    if run_kind(saved if isinstance(saved, Mapping) else {}, state) == "continual":
         raise CheckpointError(f"checkpoint {path} is a continual (supervised) run's; a policy comes from a run of "
                               "sac_spectral.train")
     try:

@@ -58,6 +58,8 @@ class RLRun:
     """What one RL run holds — envs, agent, buffer, counters, evaluations — and its run directory
     and checkpoint state (the :class:`~sac_spectral.runs.run.Loop` side that is not the loop)."""
 
+    kind = "train"
+
     def __init__(self, cfg: TrainConfig) -> None:
         limit = torch.get_num_threads()
         self.cfg, self.threads, self.device = cfg, set_torch_threads(cfg.threads), torch.device(cfg.device)

@@ -58,3 +58,13 @@ def test_help_lists_every_key_with_default():
         assert f"  {key} " in text
     assert "default: dmc:cheetah-run" in text
     assert "[{coef: 0.0001, k: 2, name: spectral}]" in text  # the runner's own default, not NetConfig's
+
+
+def test_at_least_names_the_first_key_below_the_minimum():
+    from types import SimpleNamespace
+
+    from sac_spectral.core.config import at_least
+
+    at_least(SimpleNamespace(a=1, b=0), 0, "a", "b")
+    with pytest.raises(ConfigError, match=r"^b: must be >= 1, got 0$"):
+        at_least(SimpleNamespace(a=1, b=0, c=-1), 1, "a", "b", "c")

@@ -1,4 +1,4 @@
-"""Claims of Bartlett, Helmbold & Long on deep linear networks (PAPERS.md §5), checked with the
+"""Claims of Bartlett, Helmbold & Long on deep linear networks (ICML 2018; docs/papers.md), checked with the
 library's deep-linear model, stream tasks and learner: plain gradient descent from the identity,
 population loss ½‖Θ_L⋯Θ_1 − Φ‖_F², float64."""
 

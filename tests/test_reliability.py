@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import random
 import shutil
@@ -24,7 +25,7 @@ from sac_spectral.regularizers import REGISTRY
 from sac_spectral.runs import checkpoint, cli, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.runs.layout import CHECKPOINT
+from sac_spectral.runs.layout import CHECKPOINT, SUMMARY, dir_kind, run_kind
 from sac_spectral.runs.logger import state_is_finite
 from sac_spectral.studies import sweep
 from sac_spectral.supervised.datasets import DataError, load_dataset
@@ -149,6 +150,16 @@ def test2_continual_resume_refuses_an_edited_key_and_accepts_an_edited_resumable
     _edit(cl_run, "stream.num_tasks", 3)  # resumable: editing the file is as good as an override
     assert C("--resume", cl_run) == 0
     assert load_checkpoint(cl_run / CHECKPOINT)["iteration"] == 60
+
+
+def test_the_checkpoint_and_summary_record_the_run_kind_and_readers_fall_back_to_the_config(rl_run, cl_run):
+    for run_dir, kind in ((rl_run, "train"), (cl_run, "continual")):
+        assert load_checkpoint(run_dir / CHECKPOINT)["kind"] == kind
+        assert json.loads((run_dir / SUMMARY).read_text())["kind"] == kind
+        assert dir_kind(run_dir, {}) == kind  # the summary's record wins over the config
+        (run_dir / SUMMARY).unlink()  # a run in progress, or one written before runs recorded their kind
+        assert dir_kind(run_dir, read_yaml(run_dir / "config.yaml")) == kind
+    assert run_kind({"env": "x"}, {"kind": "continual"}) == "continual" and run_kind({"env": "x"}, {}) == "train"
 
 
 def test2_the_checkpoint_records_the_resolved_config_without_run_dir(rl_run):
@@ -276,6 +287,11 @@ def test8_estimates_match_the_allocations_they_count():
     actor = sum(p.numel() for p in agent.actor.parameters())
     critic = sum(p.numel() for p in agent.critic.parameters())
     assert parts["networks and Adam state"] == 4 * (4 * actor + (4 + 1 + 1) * critic)  # + target, + θ₀ of l2_init
+    cfg.critic.layer_norm = cfg.actor.layer_norm = True  # the networks as built: LayerNorm's gains and shifts count too
+    agent = SAC(5, 2, cfg, SeedStreams([0, 1]))
+    actor = sum(p.numel() for p in agent.actor.parameters())
+    critic = sum(p.numel() for p in agent.critic.parameters())
+    assert memory.sac_estimate(cfg, 5, 2)["networks and Adam state"] == 4 * (4 * actor + (4 + 1 + 1) * critic)
     from sac_spectral.supervised.models import build_model
 
     for name, shape in [("mlp", (1, 8, 8)), ("cnn", (3, 16, 16)), ("vit", (3, 16, 16)), ("resnet18", (3, 16, 16))]:

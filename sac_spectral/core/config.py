@@ -134,12 +134,17 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-
-
 def check(condition: bool, key: str, message: str) -> None:
     """Raise :class:`ConfigError` for ``key`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(f"{key}: {message}")
+
+
+def at_least(obj: Any, minimum: int, *keys: str) -> None:
+    """``check`` that each attribute ``key`` of ``obj`` is ``>= minimum`` (``key: must be >= 1, got 0``)."""
+    for key in keys:
+        value = getattr(obj, key)
+        check(value >= minimum, key, f"must be >= {minimum}, got {value}")
 
 
 def _type_name(tp: Any) -> str:
@@ -154,6 +159,57 @@ def _type_name(tp: Any) -> str:
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
+
+
+def _coerce_union(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as the first member type of union ``tp`` that takes it (``None`` for an optional)."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return coerce(value, arg, key)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {shown(value)}")
+
+
+def _to_int(value: Any, key: str) -> int:
+    """An integer from an int, an integral float or a numeric string (``1e6``, ``1_000``); never a bool."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            as_float = float(value.replace("_", ""))
+        except ValueError:
+            as_float = math.nan
+        if as_float.is_integer():
+            return int(as_float)
+    raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
+
+
+def _to_float(value: Any, key: str) -> float:
+    """A finite number from an int, a float or a numeric string; never a bool."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if number is None:
+        raise ConfigError(f"{key}: expected a number, got {shown(value)}")
+    if not math.isfinite(number):
+        raise ConfigError(f"{key}: must be a finite number, got {shown(value)}")
+    return number
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
@@ -171,17 +227,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: {shown(value)} is not one of {', '.join(map(repr, choices))}")
         return value
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return coerce(value, arg, key)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {shown(value)}")
+        return _coerce_union(value, tp, key)
     if origin in (list, Sequence):
         (item_tp,) = typing.get_args(tp) or (Any,)
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
@@ -191,49 +237,14 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {shown(value)}")
         return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true or false, got {shown(value)}")
     if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                as_float = float(value.replace("_", ""))
-            except ValueError:
-                pass
-            else:
-                if as_float.is_integer():
-                    return int(as_float)
-        raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
+        return _to_int(value, key)
     if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a number, got {shown(value)}")
-        number: float | None = None
-        if isinstance(value, (int, float)):
-            try:
-                number = float(value)
-            except OverflowError:
-                number = math.inf
-        elif isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is None:
-            raise ConfigError(f"{key}: expected a number, got {shown(value)}")
-        if not math.isfinite(number):
-            raise ConfigError(f"{key}: must be a finite number, got {shown(value)}")
-        return number
-    if tp is str:
-        if isinstance(value, str):
+        return _to_float(value, key)
+    if tp is bool or tp is str:
+        if isinstance(value, tp):
             return value
-        raise ConfigError(f"{key}: expected a string, got {shown(value)}")
+        raise ConfigError(f"{key}: expected {'true or false' if tp is bool else 'a string'}, got {shown(value)}")
     raise ConfigError(f"{key}: unsupported config type {_type_name(tp)}")
 
 

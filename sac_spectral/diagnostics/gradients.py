@@ -1,4 +1,4 @@
-"""Per-example gradient matrices and their spectra: gradient diversity (PAPERS.md §1, §6).
+"""Per-example gradient matrices and their spectra: gradient diversity (Lewandowski et al. 2025; docs/papers.md).
 
 For a probe batch of ``B`` examples with per-example losses ``ℓ_i``, the gradient matrix ``G`` has
 one row per example, ``g_i = ∇_θ ℓ_i``, over a chosen parameter group ``θ``. A member-batched

@@ -1,4 +1,4 @@
-"""Low-rank gradient lab ("Low Rank Gradients and Where to Find Them", NeurIPS 2024; PAPERS.md §4).
+"""Low-rank gradient lab (Sonthalia, Murray & Montúfar, "Low Rank Gradients and Where to Find Them", NeurIPS 2024).
 
 Data (spiked covariance): ``x ~ N(0, Σ̂ + ζ² q qᵀ)`` with bulk eigenvalues ``λ_k = k^{−α}`` (Σ̂ diagonal
 in the standard basis), spike size ``ζ = n^ν`` along a unit vector ``q`` (uniform on the sphere

@@ -1,7 +1,7 @@
 """Scalar summaries of a spectrum, shared by every diagnostic (gradients, weights, features).
 
 All functions take singular values ``σ: [..., k]`` (any order, non-negative) and reduce the last
-axis, so one call handles every member of a member-batched network. Definitions (PAPERS.md §6):
+axis, so one call handles every member of a member-batched network. Definitions (docs/papers.md):
 
 - **effective rank** (Roy & Vetterli 2007): ``erank = exp(−Σ_i p_i log p_i)``, ``p_i = σ_i / Σ_j σ_j``;
   between 1 (rank one) and the number of non-zero σ (flat spectrum).

@@ -8,7 +8,7 @@ use the optimizer option ``weight_decay`` (AdamW) instead. The gradient ``2·coe
 analytically (one autograd node for all tensors).
 
 Defaults: ``coef=1e-4`` (ours), ``layers="all"``. Reference: the L2 baseline of Lewandowski et al.
-(2025), Kumar et al. (2023); PAPERS.md §2.
+(2025), Kumar et al. (2023).
 """
 
 from __future__ import annotations

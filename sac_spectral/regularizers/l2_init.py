@@ -7,7 +7,7 @@
 (1), shifts toward theirs (0). The gradient ``2·coef·(θ − θ₀)`` is formed analytically.
 
 Defaults: ``coef=1e-4`` (ours), ``layers="all"``. Paper: Kumar, Marklund, Van Roy, "Maintaining
-Plasticity in Continual Learning via Regenerative Regularization" (2023); PAPERS.md §2.
+Plasticity in Continual Learning via Regenerative Regularization" (2023).
 """
 
 from __future__ import annotations

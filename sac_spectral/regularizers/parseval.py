@@ -12,7 +12,7 @@ Biases and shifts are not regularized. Autograd differentiates the Gram matrices
 
 Defaults: ``coef=1e-3`` (ours), ``layers="hidden"``: the output layer stays free (a 1-output
 critic head with orthonormal rows would fix the scale of Q). Paper: Chung, Cherif, Meger, Precup,
-"Parseval Regularization for Continual Reinforcement Learning" (NeurIPS 2024); PAPERS.md §2.
+"Parseval Regularization for Continual Reinforcement Learning" (NeurIPS 2024).
 """
 
 from __future__ import annotations

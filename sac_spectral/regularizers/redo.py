@@ -20,7 +20,7 @@ Layer order must be known: a :class:`~sac_spectral.core.nets.BatchedMLP` or an `
 (nested Sequentials allowed) of linear/conv layers, normalization layers, activations, pooling
 and ``Flatten`` (a conv channel then owns its block of the flattened features).
 
-Defaults: ``tau=0.1`` (RL; Sokar et al. use 0.025 in some settings, PAPERS.md §2),
+Defaults: ``tau=0.1`` (RL; Sokar et al. 2023 use 0.025 in some settings),
 ``every=1000`` updates (ours; Sokar et al. recycle periodically), ``seed=0``.
 """
 

@@ -11,7 +11,7 @@ its own random stream (checkpointed); drawing an orthogonal matrix costs a QR de
 ``every = 1`` on wide layers is slow.
 
 Defaults: ``shrink=1e-4``, ``sigma=1e-4``, ``every=1`` (ours: the every-step variant of continual
-learning, PAPERS.md §2; Ash & Adams apply it when new data arrives), ``layers="all"``, ``seed=0``.
+learning; Ash & Adams 2020 apply it when new data arrives), ``layers="all"``, ``seed=0``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ per-member scalar as one tensor; its backward returns the rank-one gradients
 ``2·coef·k(σ̂^k − 1)σ̂^{k−1}·u vᵀ`` and ``2·coef·k‖b‖^{2(k−1)}·b``. The cost is a few dozen small
 ops per network whatever its depth, plus writing one gradient per parameter. ``mode=all`` pulls
 every singular value toward 1 (exact ``torch.linalg.svdvals``, differentiated by autograd;
-∂σ_j/∂W = u_j v_jᵀ): the deep-linear sequence of PAPERS.md §5 needs all of them, σ_max alone is
+∂σ_j/∂W = u_j v_jᵀ): the deep-linear sequence (after Bartlett, Helmbold & Long 2018) needs all of them, σ_max alone is
 not enough. It costs one batched SVD per layer and update. Conv kernels are reshaped to
 ``[out, in·kh·kw]``. Each member's power step is its own; its result equals a single-member
 network's to float rounding (batched products may round differently from a lone one on some CPUs).

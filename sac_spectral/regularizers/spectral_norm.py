@@ -20,7 +20,7 @@ and shifts are left alone.
 
 Defaults: ``layers="all"``, ``tol=1e-6``, ``max_iters=1000``, ``seed=0`` (initial ``u``). Papers: Miyato et al.,
 "Spectral Normalization for GANs" (ICLR 2018); in RL critics Gogianu et al. (ICML 2021) normalize
-only some layers (``layers: hidden`` leaves the output layer free); PAPERS.md §2.
+only some layers (``layers: hidden`` leaves the output layer free).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ sort: after one optimizer step they are nearly sorted, which makes the sort abou
 from scratch on a CPU.
 
 Defaults: ``coef=1e-4`` (ours), ``layers="all"``. Paper: Lewandowski et al., "Learning Continually
-by Spectral Regularization" (arXiv:2406.06811 v1, the Wasserstein regularizer); PAPERS.md §2.
+by Spectral Regularization" (arXiv:2406.06811 v1, the Wasserstein regularizer).
 """
 
 from __future__ import annotations

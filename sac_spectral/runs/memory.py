@@ -1,8 +1,8 @@
 """How much memory a run will allocate, checked against what the machine has before anything is built.
 
-The estimates count the big allocations — replay buffer, parameters with their gradients and
-Adam moments, a batch's activations (forward and backward), datasets — and ignore the small
-ones, so they are lower bounds that err on the side of letting a run start. The available memory
+The estimates count the big allocations — replay buffer, parameters (of the networks as built,
+on PyTorch's meta device) with their gradients and Adam moments, a batch's activations (forward
+and backward), datasets — and ignore the small ones, so they are lower bounds that err on the side of letting a run start. The available memory
 is the kernel's ``MemAvailable`` (``/proc/meminfo``), capped by a cgroup v2 limit when the process
 runs in one; on a CUDA device it is the device's free memory.
 """
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from agents.sac import make_actor, make_critic
 from sac_spectral.core.config import ConfigError
 
 FLOAT32 = 4
@@ -84,9 +85,11 @@ def check_fits(parts: Mapping[str, float], device: torch.device | str, hint: str
     )
 
 
-def mlp_parameters(sizes: Sequence[int]) -> int:
-    """Weights and biases of a stack of linear layers ``sizes[0] → sizes[1] → …``."""
-    return sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+def parameter_count(build: Callable[[], nn.Module]) -> int:
+    """Parameters of the module ``build()`` returns, built on PyTorch's meta device (nothing is
+    allocated, no random number is drawn)."""
+    with torch.random.fork_rng(), torch.device("meta"):
+        return sum(p.numel() for p in build().parameters())
 
 
 def _copies(regularizers: Sequence[Mapping[str, Any]]) -> int:
@@ -95,13 +98,15 @@ def _copies(regularizers: Sequence[Mapping[str, Any]]) -> int:
 
 def sac_estimate(cfg: Any, obs_dim: int, act_dim: int) -> dict[str, float]:
     """Bytes of an RL run of :class:`~sac_spectral.train.TrainConfig` ``cfg``: replay buffer,
-    networks (actor, critic ensemble and its target, with gradients and Adam moments), the
-    transitions of one step's updates and a batch's activations, and the diagnostics' probe."""
+    networks (actor, critic ensemble and its target, with gradients and Adam moments, counted on
+    the networks the agent builds), the transitions of one step's updates and a batch's
+    activations, and the diagnostics' probe."""
     n, c, b = cfg.num_seeds, cfg.critic.num_critics, cfg.batch_size
     transition = 2 * obs_dim + act_dim + 2
     actor_sizes = [obs_dim, *cfg.actor.hidden, 2 * act_dim]
     critic_sizes = [obs_dim + act_dim, *cfg.critic.hidden, 1]
-    actor, critic = n * mlp_parameters(actor_sizes), n * c * mlp_parameters(critic_sizes)
+    actor = parameter_count(lambda: make_actor(n, obs_dim, act_dim, cfg.actor))
+    critic = parameter_count(lambda: make_critic(n * c, obs_dim, act_dim, cfg.critic))
     networks = (
         actor * (ADAM_COPIES + _copies(cfg.actor.regularizers))
         + critic * (ADAM_COPIES + 1 + _copies(cfg.critic.regularizers))
@@ -117,7 +122,7 @@ def sac_estimate(cfg: Any, obs_dim: int, act_dim: int) -> dict[str, float]:
         ),
     }
     if cfg.diagnostics.every:  # per-example gradients of a probe drawn from the buffer
-        per_member = max(mlp_parameters(critic_sizes), mlp_parameters(actor_sizes))
+        per_member = max(critic // (n * c), actor // n)
         parts["diagnostics probe"] = FLOAT32 * n * c * min(cfg.diagnostics.batch_size, cfg.buffer_size) * per_member
     return parts
 

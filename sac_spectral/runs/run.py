@@ -94,8 +94,10 @@ class GracefulStop:
 
 
 class Loop(Protocol):
-    """What a :class:`Run` drives: a fresh or resumed run, trained until done or stopped."""
+    """What a :class:`Run` drives: a fresh or resumed run, trained until done or stopped. ``kind``
+    (one of :data:`~sac_spectral.runs.layout.RUN_KINDS`) is recorded in the checkpoint and the summary."""
 
+    kind: str
     cfg: Any
     run_dir: Path | None
     logger: RunLogger | None
@@ -173,7 +175,7 @@ class Run:
         if not self.loop.finite():
             raise NonFinite
         assert self.loop.run_dir is not None
-        save_checkpoint(self.loop.state_dict(), self.loop.run_dir / CHECKPOINT)
+        save_checkpoint({**self.loop.state_dict(), "kind": self.loop.kind}, self.loop.run_dir / CHECKPOINT)
 
     # ----------------------------------------------------------------------------- the ends
     def execute(self) -> int:
@@ -213,7 +215,7 @@ class Run:
         assert loop.logger is not None and loop.run_dir is not None
         summary = loop.summary()
         headline, final_metrics = loop.headline(summary)
-        write_json(loop.run_dir / SUMMARY, summary)
+        write_json(loop.run_dir / SUMMARY, {"kind": loop.kind, **summary})
         hp = {k: v for k, v in flatten(to_dict(loop.cfg)).items() if k != "run_dir"}
         loop.logger.hparams(hp, final_metrics)
         loop.logger.close()

@@ -14,7 +14,7 @@ import yaml
 
 from sac_spectral.core.config import ConfigError, flatten, one_line, yaml_load
 from sac_spectral.runs.evals import EVALS, read_evals
-from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY, SUMMARY_TASKS
+from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY, SUMMARY_TASKS, dir_kind
 from sac_spectral.studies.spec import STATUS, SWEEP_FILE, TASK_KEYS
 
 # Keys that do not make two loose runs different methods: bookkeeping, and how long they ran.
@@ -52,10 +52,6 @@ class Study:
 
 def _is_dmc(env: str) -> bool:
     return env.startswith(("dmc:", "dm_control/"))
-
-
-def _kind(config: dict[str, Any]) -> str:
-    return "train" if "env" in config else "continual"
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
@@ -108,7 +104,7 @@ def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[str,
     """A run directory's curves (from ``evals.csv``, else ``summary.json``) sorted by step, its kind
     and whether its scores are normalized."""
     config = read_mapping(run_dir / CONFIG_FILE)
-    kind, flat = _kind(config), flatten(config)
+    kind, flat = dir_kind(run_dir, config), flatten(config)
     task = " ".join(str(flat[k]) for k in task_keys if k in flat)
     rows = _rows(run_dir, kind)
     normalized = kind == "continual" or _is_dmc(str(config["env"]))
@@ -214,7 +210,7 @@ def load(paths: Sequence[str]) -> Study:
         study.grouping = "method of the sweep" + (f" and {', '.join(extra_keys)}" if extra_keys else "")
     if runs:
         configs = [read_mapping(r / CONFIG_FILE) for r in runs]
-        kinds = {_kind(c) for c in configs}
+        kinds = {dir_kind(r, c) for r, c in zip(runs, configs)}
         task_keys = TASK_KEYS["train" if "train" in kinds else "continual"]
         labels, differ = _loose_labels(configs, task_keys)
         for run_dir, label in zip(runs, labels):

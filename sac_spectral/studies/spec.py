@@ -15,6 +15,7 @@ import yaml
 
 from sac_spectral.core.config import (
     ConfigError,
+    at_least,
     check,
     flatten,
     merge_sources,
@@ -40,7 +41,7 @@ class Resources:
 
     def validate(self) -> None:
         check(self.cpu >= 1, "cpu", f"must be an integer >= 1, got {self.cpu}")
-        check(self.gpu >= 0, "gpu", f"must be >= 0, got {self.gpu}")
+        at_least(self, 0, "gpu")
 
 
 @dataclass
@@ -66,7 +67,7 @@ class SweepConfig:
         for key, values in self.grid.items():
             check(isinstance(values, list) and len(values) > 0, f"grid.{key}", f"expected a non-empty list of values, got {values!r}")
         check(len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds), "seeds", f"expected distinct seeds, got {self.seeds}")
-        check(self.seeds_per_trial >= 1, "seeds_per_trial", f"must be >= 1, got {self.seeds_per_trial}")
+        at_least(self, 1, "seeds_per_trial")
         check(self.kind == "train" or self.seeds_per_trial == 1, "seeds_per_trial",
               "continual runs train one seed each; use 1")
 

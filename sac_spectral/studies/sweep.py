@@ -142,6 +142,27 @@ def run_sweep(sweep: Sweep, root: Path, retry_failed: bool, address: str | None,
     return 1 if counts["failed"] else 0
 
 
+def _record(status: Status, bar: tqdm, run_dir: Path, tid: str, event: dict[str, Any], stopping: bool) -> None:
+    """Record a trial's ``started`` or ended ``event`` in ``status`` and on the progress bar: an
+    ended trial is done (exit 0 and its summary written), pending again (stopped by the sweep's
+    own stop) or failed."""
+    if event["event"] == "started":
+        status.set(tid, status="running", command=event["command"], host=event["host"], node=event["node"],
+                   pid=event["pid"], error=None, exit_code=None)
+        return
+    code = event["exit_code"]
+    if code == 0 and trial_state(run_dir) == "done":
+        status.set(tid, status="done", exit_code=0, wall_s=event["wall_s"], error=None)
+        bar.update(1)
+        bar.write(f"done    {tid} ({event['wall_s']:.0f} s)")
+    elif code in (128 + signal.SIGINT, 128 + signal.SIGTERM) and stopping:
+        status.set(tid, status="pending", exit_code=code)
+    else:
+        error = event["error"] or f"exit code 0 but no {SUMMARY} in the run directory"
+        status.set(tid, status="failed", exit_code=code, error=error, wall_s=event["wall_s"])
+        bar.write(f"failed  {tid}: {error}")
+
+
 def _drive(sweep: Sweep, root: Path, status: Status, todo: list[Trial], progress: bool) -> int:
     import ray
     from ray.exceptions import RayError, TaskCancelledError
@@ -179,22 +200,7 @@ def _drive(sweep: Sweep, root: Path, status: Status, todo: list[Trial], progress
                     status.set(tid, status="failed", error=f"ray: {type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}")
                     bar.write(f"failed  {tid}: {status.trials[tid]['error']}")
                     continue
-                if event["event"] == "started":
-                    status.set(tid, status="running", command=event["command"], host=event["host"], node=event["node"],
-                               pid=event["pid"], error=None, exit_code=None)
-                else:
-                    code = event["exit_code"]
-                    interrupted = code in (128 + signal.SIGINT, 128 + signal.SIGTERM) and stop.requested is not None
-                    if code == 0 and trial_state(root / tid) == "done":
-                        status.set(tid, status="done", exit_code=0, wall_s=event["wall_s"], error=None)
-                        bar.update(1)
-                        bar.write(f"done    {tid} ({event['wall_s']:.0f} s)")
-                    elif interrupted:
-                        status.set(tid, status="pending", exit_code=code)
-                    else:
-                        error = event["error"] or f"exit code 0 but no {SUMMARY} in the run directory"
-                        status.set(tid, status="failed", exit_code=code, error=error, wall_s=event["wall_s"])
-                        bar.write(f"failed  {tid}: {error}")
+                _record(status, bar, root / tid, tid, event, stop.requested is not None)
             if ready:
                 status.write()
             c = status.counts()

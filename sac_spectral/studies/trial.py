@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from sac_spectral.runs.evals import EVALS
-from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY
+from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY, run_kind
 from sac_spectral.studies.spec import RUNNERS
 
 EVENTS = "events.out.tfevents."
@@ -57,9 +57,9 @@ def finished(run_dir: Path) -> bool:
     if not isinstance(summary, dict) or not isinstance(config, dict):
         return False
     seed = config.get("seed")
-    if "env" in config:
+    if run_kind(config, summary) == "train":
         seeds = list(range(seed, seed + config.get("num_seeds", 1))) if isinstance(seed, int) else None
-        return summary.get("env") == config["env"] and summary.get("seeds") == seeds
+        return summary.get("env") == config.get("env") and summary.get("seeds") == seeds
     stream = config.get("stream")
     return summary.get("seed") == seed and isinstance(stream, dict) and summary.get("stream") == stream.get("kind")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from sac_spectral.core.config import check, option, section
+from sac_spectral.core.config import at_least, check, option, section
 from sac_spectral.core.device import check_device
 from sac_spectral.core.optim import OPTIMIZERS
 from sac_spectral.regularizers import validate_specs
@@ -46,10 +46,9 @@ class SyntheticConfig:
 
     def validate(self) -> None:
         check(self.classes >= 2, "classes", f"must be >= 2, got {self.classes}")
-        for key in ("dim", "test"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        at_least(self, 1, "dim", "test")
         check(self.train >= self.classes, "train", f"must be >= classes ({self.classes}), got {self.train}")
-        check(self.separation >= 0, "separation", f"must be >= 0, got {self.separation}")
+        at_least(self, 0, "separation")
         check(0 <= self.seed <= MAX_SEED, "seed", f"must lie in [0, {MAX_SEED}], got {self.seed}")
 
 
@@ -78,9 +77,8 @@ class StreamConfig:
         _choice(self.kind, STREAMS, "kind")
         _choice(self.sequence, SEQUENCES, "sequence")
         _choice(self.loss, LOSSES, "loss")
-        for key in ("num_tasks", "iters_per_task", "classes_per_task", "dim"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        check(self.subset >= 0, "subset", f"must be >= 0, got {self.subset}")
+        at_least(self, 1, "num_tasks", "iters_per_task", "classes_per_task", "dim")
+        at_least(self, 0, "subset")
 
 
 @dataclass
@@ -96,8 +94,7 @@ class ModelConfig:
     def validate(self) -> None:
         _choice(self.name, MODELS, "name")
         _choice(self.norm, NORMS, "norm")
-        for key in ("width", "depth", "heads", "patch"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        at_least(self, 1, "width", "depth", "heads", "patch")
 
 
 @dataclass
@@ -113,10 +110,10 @@ class OptimizerConfig:
     def validate(self) -> None:
         _choice(self.name, OPTIMIZERS, "name")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
-        check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        at_least(self, 0, "weight_decay")
         for key in ("beta1", "beta2", "momentum"):
             check(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
-        check(self.eps >= 0, "eps", f"must be >= 0, got {self.eps}")
+        at_least(self, 0, "eps")
 
 
 @dataclass
@@ -148,10 +145,8 @@ class ContinualConfig:
         check(self.run_dir is None or bool(self.run_dir.strip()), "run_dir",
               "empty; give a directory, or leave run_dir out for runs/<name>__<time>")
         check(0.0 <= self.dormant_tau <= 1.0, "dormant_tau", f"must be in [0, 1], got {self.dormant_tau}")
-        for key in ("batch_size", "probe_size", "log_every"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("eval_examples", "diagnostics_every", "checkpoint_every", "threads"):
-            check(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        at_least(self, 1, "batch_size", "probe_size", "log_every")
+        at_least(self, 0, "eval_examples", "diagnostics_every", "checkpoint_every", "threads")
         _choice(self.dtype, tuple(DTYPES), "dtype")
         validate_specs(self.regularizers, "regularizers")
         linear = (self.stream.kind == "deep_linear", self.model.name == "deep_linear")

@@ -13,7 +13,7 @@ tasks. Nonstationarities (Lewandowski et al. 2025, §5; Dohare et al. 2024; Kuma
 - ``class_incremental``: classes in a seeded random order, ``classes_per_task`` more each task;
   task ``i`` trains on every class seen so far and is evaluated on their test examples;
 - ``deep_linear``: targets ``Φ_τ`` for a deep linear network (Bartlett, Helmbold & Long 2018;
-  ``PAPERS.md`` §5) on isotropic inputs, loss ``½ E‖f(x) − Φx‖²``. Sequences: ``flip``
+  ``docs/papers.md``) on isotropic inputs, loss ``½ E‖f(x) − Φx‖²``. Sequences: ``flip``
   (``Φ₁, −Φ₁, Φ₁, …`` with ``Φ₁ = Q diag(λ) Qᵀ``, λ geometric from 0.5 to 2), ``random_pd``
   (fresh ``Q`` and eigenvalues log-uniform in [0.5, 2] per task) and ``random_negative`` (the same
   with each eigenvalue's sign flipped with probability ½, at least one negative). ``population``
