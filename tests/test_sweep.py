@@ -164,6 +164,18 @@ def test_rerun_is_idempotent_and_retry_failed_retries_only_failed(killed_and_rer
     assert {t: (root / "logs" / f"{t}.log").read_text() for t in GOOD} == logs
 
 
+def test_the_sweep_bar_shows_no_time_left(tmp_path, local_ray, capsys):
+    """Trials differ in length: the bar counts them and shows the elapsed time and rate, no estimate."""
+    data = {**TINY, "methods": {"sac": TINY["methods"]["sac"]}, "seeds": [0]}
+    data["base"] = {**TINY["base"], "total_steps": 150}
+    cfg = write_sweep(tmp_path / "bar.yaml", data)
+    assert run_cli(sweep.main, ["--config", str(cfg), "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    bars = [line for line in err.replace("\r", "\n").splitlines() if "trial" in line and "|" in line]
+    assert bars, err
+    assert not any("<" in line for line in bars), bars
+
+
 def test_report_of_the_sweep(killed_and_rerun, tmp_path):
     out = tmp_path / "report"
     assert run_cli(report.main, [str(killed_and_rerun["root"]), "--reps", "50", "--out", str(out)]) == 0

@@ -26,7 +26,7 @@ import sac_spectral
 from sac_spectral.core.config import ConfigError, help_text, one_line, yaml_load
 from sac_spectral.runs.cli import parse_cli
 from sac_spectral.runs.layout import SUMMARY
-from sac_spectral.runs.run import GracefulStop
+from sac_spectral.runs.run import BAR_FORMAT, GracefulStop
 from sac_spectral.studies import trial as trial_module
 from sac_spectral.studies.cost import dry_run
 from sac_spectral.studies.spec import (
@@ -171,8 +171,9 @@ def _drive(sweep: Sweep, root: Path, status: Status, todo: list[Trial], progress
     task = ray.remote(run_trial).options(num_cpus=res.cpu, num_gpus=res.gpu)
     gens = {task.remote(_spec(sweep, root, t)): t.id for t in todo}
     counts = status.counts()
+    # no time-left estimate: trials differ in length, and a count of finished ones does not tell
     bar = tqdm(total=len(sweep.trials), initial=counts["done"], unit="trial", disable=not progress,
-               dynamic_ncols=True, mininterval=1.0)
+               dynamic_ncols=True, mininterval=1.0, bar_format=BAR_FORMAT)
 
     with GracefulStop() as stop:
         cancelled = False
