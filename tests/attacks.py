@@ -61,11 +61,10 @@ class Proc:
 
 @dataclass
 class Attack:
-    """One attack: a function of the workspace returning its problems; ``slow`` ones take long."""
+    """One attack: a function of the workspace returning its problems."""
 
     name: str
     fn: Callable[[Ctx], list[str]]
-    slow: bool = False
 
 
 @dataclass

@@ -3,7 +3,8 @@ continual | diagnose`` as subprocesses on tiny configs in a scratch workspace (s
 ``tests/attacks.py``): kill -9 at random moments and during checkpoint writes, signals, corrupted /
 truncated / malicious / foreign checkpoints, hand-edited run directories, malformed and extreme
 inputs, unwritable paths, a full disk (a file-size limit, ``RLIMIT_FSIZE``), forced divergence and
-corrupt dataset files. One test per attack; ``-m 'not slow'`` leaves out the long ones.
+corrupt dataset files. One test per attack. The whole suite (about 8 of the full run's 12 minutes
+on 2 cores) is marked slow: ``-m 'not slow'`` leaves it out.
 """
 
 from __future__ import annotations
@@ -42,28 +43,29 @@ from attacks import (
     unwritable_dir,
 )
 
+pytestmark = pytest.mark.slow
 ATTACKS: list[Attack] = []
 
 
-def register(name: str, fn: Callable[[Ctx], list[str]], slow: bool = False) -> None:
+def register(name: str, fn: Callable[[Ctx], list[str]]) -> None:
     """Add an attack; a repeated name gets a numeric suffix."""
     taken = {a.name for a in ATTACKS}
     unique, i = name, 2
     while unique in taken:
         unique, i = f"{name}_{i}", i + 1
-    ATTACKS.append(Attack(unique, fn, slow))
+    ATTACKS.append(Attack(unique, fn))
 
 
-def attack(slow: bool = False) -> Callable[[Callable[[Ctx], list[str]]], Callable[[Ctx], list[str]]]:
+def attack() -> Callable[[Callable[[Ctx], list[str]]], Callable[[Ctx], list[str]]]:
     """Register the decorated function as an attack named after it."""
     def wrap(fn: Callable[[Ctx], list[str]]) -> Callable[[Ctx], list[str]]:
-        register(fn.__name__, fn, slow)
+        register(fn.__name__, fn)
         return fn
 
     return wrap
 
 
-@attack(slow=True)
+@attack()
 def optimizer_state_overflow_rl(ctx: Ctx) -> list[str]:
     rd = ctx.path("adam_inf")
     p = ctx.T(*RL, "total_steps=600", "checkpoint_every=100", "critic.lr=1e3", "actor.lr=1e3", f"run_dir={rd}")
@@ -73,7 +75,7 @@ def optimizer_state_overflow_rl(ctx: Ctx) -> list[str]:
     return problems
 
 
-@attack(slow=True)
+@attack()
 def optimizer_state_overflow_continual(ctx: Ctx) -> list[str]:
     rd = ctx.path("adam_inf_cl")
     p = ctx.C(*CL, "stream.num_tasks=4", "optimizer.lr=1e30", "regularizers=[]", "gradient_diagnostics=false",
@@ -454,7 +456,7 @@ def _kill_before_first_checkpoint(ctx: Ctx, rd: Path) -> None:
     p.communicate()
 
 
-@attack(slow=True)
+@attack()
 def resume_after_kill_before_first_checkpoint(ctx: Ctx) -> list[str]:
     rd = ctx.path("dead_resume")
     _kill_before_first_checkpoint(ctx, rd)
@@ -465,7 +467,7 @@ def resume_after_kill_before_first_checkpoint(ctx: Ctx) -> list[str]:
     return problems
 
 
-@attack(slow=True)
+@attack()
 def fresh_run_into_dir_killed_before_first_checkpoint(ctx: Ctx) -> list[str]:
     rd = ctx.path("dead_fresh")
     _kill_before_first_checkpoint(ctx, rd)
@@ -574,9 +576,9 @@ def _kill_randomly(ctx: Ctx, tool: str, seed: int) -> list[str]:
 
 
 for _seed in range(4):
-    register(f"kill9_random_train_{_seed}", lambda ctx, s=_seed: _kill_randomly(ctx, "train", s), slow=True)
+    register(f"kill9_random_train_{_seed}", lambda ctx, s=_seed: _kill_randomly(ctx, "train", s))
 for _seed in range(2):
-    register(f"kill9_random_continual_{_seed}", lambda ctx, s=_seed: _kill_randomly(ctx, "continual", s), slow=True)
+    register(f"kill9_random_continual_{_seed}", lambda ctx, s=_seed: _kill_randomly(ctx, "continual", s))
 
 
 def _kill_during_write(ctx: Ctx, seed: int) -> list[str]:
@@ -609,7 +611,7 @@ def _kill_during_write(ctx: Ctx, seed: int) -> list[str]:
 
 
 for _seed in range(3):
-    register(f"kill9_during_checkpoint_write_{_seed}", lambda ctx, s=_seed: _kill_during_write(ctx, s), slow=True)
+    register(f"kill9_during_checkpoint_write_{_seed}", lambda ctx, s=_seed: _kill_during_write(ctx, s))
 
 
 def _signal_attack(tool: str, sig: int, twice: bool = False) -> Callable[[Ctx], list[str]]:
@@ -650,9 +652,9 @@ def _signal_attack(tool: str, sig: int, twice: bool = False) -> Callable[[Ctx], 
 
 
 for _tool in ("train", "continual"):
-    attack(slow=True)(_signal_attack(_tool, signal.SIGINT))
-    attack(slow=True)(_signal_attack(_tool, signal.SIGTERM))
-attack(slow=True)(_signal_attack("train", signal.SIGINT, twice=True))
+    attack()(_signal_attack(_tool, signal.SIGINT))
+    attack()(_signal_attack(_tool, signal.SIGTERM))
+attack()(_signal_attack("train", signal.SIGINT, twice=True))
 
 
 def _plain_error(tool: str, args: Sequence[str], code: int, *fragments: str) -> Callable[[Ctx], list[str]]:
@@ -995,7 +997,7 @@ def mnist_files_are_fine(ctx: Ctx) -> list[str]:
     return expect_ok(ctx.C(*CL, "dataset.name=mnist", f"dataset.data_dir={root}", f"run_dir={ctx.path('idx_ok_rd')}"))
 
 
-@attack(slow=True)
+@attack()
 def two_resumes_of_one_run_at_once(ctx: Ctx) -> list[str]:
     rd = ctx.copy("R", "two_resumes")
     procs = [ctx.popen(["-m", "sac_spectral.train", "--resume", rd, "total_steps=3000"]) for _ in range(2)]
@@ -1156,7 +1158,7 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
 
 
 @pytest.mark.parametrize(
-    "case", [pytest.param(a, id=a.name, marks=[pytest.mark.slow] if a.slow else []) for a in ATTACKS]
+    "case", [pytest.param(a, id=a.name) for a in ATTACKS]
 )
 def test_attack(ctx: Ctx, case: Attack) -> None:
     problems = case.fn(ctx)
