@@ -3,7 +3,7 @@ continual | diagnose`` as subprocesses on tiny configs in a scratch workspace (s
 ``tests/attacks.py``): kill -9 at random moments and during checkpoint writes, signals, corrupted /
 truncated / malicious / foreign checkpoints, hand-edited run directories, malformed and extreme
 inputs, unwritable paths, a full disk (a file-size limit, ``RLIMIT_FSIZE``), forced divergence and
-corrupt dataset files. One test per attack. The whole suite (about 8 of the full run's 12 minutes
+corrupt dataset files. One test per attack. The whole suite (about 9 of the full run's 12 minutes
 on 2 cores) is marked slow: ``-m 'not slow'`` leaves it out.
 """
 
