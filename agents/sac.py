@@ -19,6 +19,7 @@ to its loss and run their ``after_step`` hooks after its optimizer step
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -68,7 +69,7 @@ class SAC(SACNetworks):
         super().__init__(obs_dim, act_dim, cfg, streams, device)
         self.optimizers = make_optimizers(self, cfg)
         self.actor_opt, self.critic_opt = self.optimizers["actor"], self.optimizers["critic"]
-        self._probes: dict[Net, Callable[[], Tensor]] = {}
+        self._batch: dict[str, Tensor] = {}
         self.actor_regs, self.critic_regs = self._build_regularizers()
         self.num_updates = 0
         self._online_params = list(self.critic.parameters())
@@ -93,7 +94,7 @@ class SAC(SACNetworks):
             regs = build_regularizers(getattr(self, net), getattr(self.cfg, net).regularizers, f"{net}.regularizers")
             for reg in regs:
                 reg.attach(self.optimizers[net])
-                reg.set_probe(lambda net=net: self._probes[net]())
+                reg.set_probe(functools.partial(self._probe, net))
                 if reg.generators:
                     reg.seed_members([int(torch.randint(2**62, (), generator=g)) for g in gens])
             built[net] = regs
@@ -118,7 +119,7 @@ class SAC(SACNetworks):
         """One SAC update of every seed; returns its per-seed ``[N]`` metrics (device tensors, no
         host sync). ``batch`` tensors are ``[N, B, ...]``, ``noise`` is ``[2, N, B, A]``
         (next-state actions, current-state actions)."""
-        self._probes = {"critic": lambda: self.critic_inputs(batch["obs"], batch["action"]), "actor": lambda: batch["obs"]}
+        self._batch = batch
         critic_loss, q_mean = self._critic_loss(batch, noise[0])
         self._step("critic", critic_loss.sum())
         torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
@@ -136,6 +137,11 @@ class SAC(SACNetworks):
             "q/mean": q_mean,
             "entropy": entropy,
         }
+
+    def _probe(self, net: Net) -> Tensor:
+        """``net``'s inputs in the current update (what interventions such as ReDo score units on)."""
+        obs = self._batch["obs"]
+        return obs if net == "actor" else self.critic_inputs(obs, self._batch["action"])
 
     def _step(self, net: Net, loss: Tensor) -> None:
         """``net``'s regularized optimizer step (its bf16 copies' gradients collected before it and

@@ -118,14 +118,18 @@ def choose_threads(requested: int, current: int, since: CoreSample | None = None
     busy = (since or START).busy_elsewhere()
     if busy is None:
         return current, f"torch's {current}"
-    free = max(1, min(current, int(cores - busy + 0.5)))
-    return free, f"{cores} allowed cores, {busy:.1f} busy with other processes"
+    return free_cores(busy, cores, current), f"{cores} allowed cores, {busy:.1f} busy with other processes"
+
+
+def free_cores(busy: float, cores: int, limit: int) -> int:
+    """Of ``cores``, those not taken by other processes that kept ``busy`` cores busy: a core busy
+    more than :data:`BUSY_CORE` of the time is theirs. At least 1, at most ``limit``."""
+    return max(1, min(limit, cores - math.ceil(max(busy - BUSY_CORE, 0.0) - 1e-9)))
 
 
 class ThreadWatch:
-    """The thread count of a running process with ``threads=0``: every ``interval_s`` seconds, the
-    allowed cores that other processes kept busy less than :data:`BUSY_CORE` of the last window,
-    between 1 and ``limit`` (the count chosen at start is the first)."""
+    """The thread count of a running process with ``threads=0``: every ``interval_s`` seconds,
+    :func:`free_cores` of the last window, at most ``limit`` (the count chosen at start is the first)."""
 
     def __init__(self, limit: int, interval_s: float = WATCH_INTERVAL_S) -> None:
         self.limit, self.interval_s = limit, interval_s
@@ -138,7 +142,4 @@ class ThreadWatch:
         """The count for the window that just ended (None where unmeasurable); starts the next."""
         busy = self.sample.busy_elsewhere()
         self.sample = CoreSample()
-        if busy is None:
-            return None
-        taken = math.ceil(max(busy - BUSY_CORE, 0.0) - 1e-9)
-        return max(1, min(self.limit, len(self.sample.cores) - taken))
+        return None if busy is None else free_cores(busy, len(self.sample.cores), self.limit)

@@ -44,11 +44,8 @@ def check_video_path(path: str | Path) -> Path:
         raise ConfigError(f"video file '{path}': unknown extension '{path.suffix}'; use {' or '.join(VIDEO_SUFFIXES)}")
     if not path.parent.is_dir():
         raise ConfigError(f"video file '{path}': no such directory {path.parent}")
-    if suffix == ".mp4":
-        try:
-            import imageio_ffmpeg  # noqa: F401
-        except ImportError:
-            raise ConfigError("writing .mp4 needs imageio-ffmpeg (pip install -e '.[video]'); or write a .gif") from None
+    if suffix == ".mp4" and video_suffix() != ".mp4":
+        raise ConfigError("writing .mp4 needs imageio-ffmpeg (pip install -e '.[video]'); or write a .gif")
     return path
 
 
