@@ -83,7 +83,7 @@ class SACConfig:
     gamma: float = option(0.99, "discount")
     tau: float = option(0.005, "Polyak rate of the target critics (every update)")
     precision: str = option("fp32", "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, losses, targets)")
-    compile: bool = option(False, "torch.compile the update: losses with their backward, and the optimizer steps (CUDA graphs on GPU)")
+    compile: bool = option(False, "torch.compile the whole update: each network's loss, gradient and Adam step as one program (CUDA graphs on GPU)")
     actor: ActorConfig = section(ActorConfig)
     critic: CriticConfig = section(CriticConfig)
     alpha: AlphaConfig = section(AlphaConfig)

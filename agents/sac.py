@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from agents.compiled import CompiledUpdate
 from agents.config import SACConfig
 from agents.networks import (
     SACNetworks,
@@ -49,14 +49,13 @@ Net = Literal["actor", "critic"]
 
 def make_optimizers(nets: SACNetworks, cfg: SACConfig) -> dict[Net, torch.optim.Optimizer]:
     """Adam, or AdamW (decoupled decay) when ``weight_decay > 0``, for the critic and for the actor
-    with ``log α`` (its own group and learning rate, no decay); fused kernels in eager mode, the
-    multi-tensor form when compiled (torch.compile fuses it)."""
-    kind = "foreach" if cfg.compile else "fused"
+    with ``log α`` (its own group and learning rate, no decay), with fused kernels (the compiled
+    update steps the same state in its own program)."""
     actor_groups: list[dict[str, Any]] = [{"params": list(nets.actor.parameters()), "lr": cfg.actor.lr}]
     if cfg.alpha.learn:
         actor_groups.append({"params": [nets.log_alpha], "lr": cfg.alpha.lr, "weight_decay": 0.0})
     return {
-        net: make_optimizer("adamw" if c.weight_decay > 0 else "adam", params, c.lr, c.weight_decay, implementation=kind)
+        net: make_optimizer("adamw" if c.weight_decay > 0 else "adam", params, c.lr, c.weight_decay, implementation="fused")
         for net, c, params in (("actor", cfg.actor, actor_groups), ("critic", cfg.critic, nets.critic.parameters()))
     }
 
@@ -74,16 +73,11 @@ class SAC(SACNetworks):
         self.num_updates = 0
         self._online_params = list(self.critic.parameters())
         self._target_params = list(self.target_critic.parameters())
-        self.precision = make_precision(cfg.precision, {
+        # compiled, bf16 is a cast inside the program (agents.compiled), not a set of weight copies
+        self.precision = make_precision("fp32" if cfg.compile else cfg.precision, {
             "actor": (self.actor, True), "critic": (self.critic, True), "target": (self.target_critic, False),
         })
-        self._critic_loss, self._actor_loss = self._critic_loss_eager, self._actor_loss_eager
-        self._opt_steps: dict[Net, Callable[[], Any]] = {net: opt.step for net, opt in self.optimizers.items()}
-        if cfg.compile:  # the losses with their backward, and the optimizer steps (CUDA graphs on GPU)
-            mode = "reduce-overhead" if self.log_alpha.device.type == "cuda" else None
-            self._critic_loss, self._actor_loss = (torch.compile(f, mode=mode, dynamic=False)
-                                                   for f in (self._critic_loss_eager, self._actor_loss_eager))
-            self._opt_steps = {net: torch.compile(step) for net, step in self._opt_steps.items()}
+        self._compiled = CompiledUpdate(self) if cfg.compile else None
 
     def _build_regularizers(self) -> tuple[list[Regularizer], list[Regularizer]]:
         """Build each network's regularizers, give them its optimizer, its inputs of the current
@@ -100,13 +94,13 @@ class SAC(SACNetworks):
             built[net] = regs
         return built["actor"], built["critic"]
 
-    def _critic_loss_eager(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
+    def _critic_loss(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
         """Per-seed critic loss ``Σ_j mean_i ℓ_{n,j,i}`` ``[N]`` and mean Q ``[N]``."""
         with self.precision.forward():
             losses, q = self.critic_losses(batch, noise)
         return losses.mean(dim=-1).sum(dim=1), q.detach().mean(dim=(1, 2))
 
-    def _actor_loss_eager(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _actor_loss(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Per-seed actor loss ``mean_i ℓ_{n,i}``, temperature loss ``α(H − H̄)`` and entropy estimate
         ``H = −mean_i log π``, each ``[N]``."""
         with self.precision.forward():
@@ -120,6 +114,10 @@ class SAC(SACNetworks):
         host sync). ``batch`` tensors are ``[N, B, ...]``, ``noise`` is ``[2, N, B, A]``
         (next-state actions, current-state actions)."""
         self._batch = batch
+        if self._compiled is not None:
+            info = self._compiled(batch, noise)
+            self.num_updates += 1
+            return info
         critic_loss, q_mean = self._critic_loss(batch, noise[0])
         self._step("critic", critic_loss.sum())
         torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
@@ -148,7 +146,7 @@ class SAC(SACNetworks):
         the copies re-cast after it)."""
         def step() -> None:
             self.precision.collect_grads(net)
-            self._opt_steps[net]()
+            self.optimizers[net].step()
 
         regs = self.actor_regs if net == "actor" else self.critic_regs
         regularized_step(loss, self.optimizers[net], regs, self.num_updates + 1, step)

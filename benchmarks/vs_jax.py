@@ -1,7 +1,7 @@
 """Our SAC update against the same update in JAX (jaxrl's form), on the CPU.
 
     pip install -e ".[bench]"
-    python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check]
+    python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check] [--compile]
 
 Both sides run plain SAC (no regularizers) with cheetah-run dimensions (obs 17, action 6), 2×256
 ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is the JAX side).
@@ -93,7 +93,7 @@ def ours_worker(args: argparse.Namespace) -> None:
     from benchmarks.common import build, sac_config, time_updates
 
     torch.set_num_threads(args.threads)
-    cfg = sac_config()
+    cfg = sac_config(compile=args.compile)
     if args.side == "ours-spectral":
         cfg.actor.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
         cfg.critic.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
@@ -147,12 +147,12 @@ def worker_main(args: argparse.Namespace) -> None:
 class Worker:
     """One side's worker process; :meth:`block` times one block of updates."""
 
-    def __init__(self, side: str, seeds: int, threads: int, core: int, updates: int) -> None:
+    def __init__(self, side: str, seeds: int, threads: int, core: int, args: argparse.Namespace) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         if side == "jax" and threads == 1:
             env["XLA_FLAGS"] = XLA_ONE_THREAD
         cmd = [sys.executable, __file__, "--worker", side, "--seeds", str(seeds), "--threads", str(threads),
-               "--core", str(core), "--updates", str(updates)]
+               "--core", str(core), "--updates", str(args.updates)] + (["--compile"] if args.compile else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def wait_ready(self) -> None:
@@ -178,7 +178,7 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     seeds, threads, busy, _ = CONFIGS[name]
     core = max(os.sched_getaffinity(0)) if threads == 1 else -1
     sides = {"ours": "ours", "jax": "jax"} | ({"spectral": "ours-spectral"} if name == "1x1" else {})
-    workers = {k: Worker(side, seeds, threads, core, args.updates) for k, side in sides.items()}
+    workers = {k: Worker(side, seeds, threads, core, args) for k, side in sides.items()}
     for w in workers.values():
         w.wait_ready()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
@@ -232,7 +232,7 @@ def torch_params(agent: SAC) -> dict[str, Any]:
     }
 
 
-def check(seeds: int) -> float:
+def check(seeds: int, compile: bool) -> float:
     """Largest |parameter difference| after :data:`CHECK_UPDATES` updates on identical inputs.
     Torch runs on 1 thread: 2 threads sum in another order, and a rounding-size change that flips
     a ReLU near 0 (or the sign of a near-zero gradient in Adam's first, normalized steps) moves
@@ -246,7 +246,7 @@ def check(seeds: int) -> float:
     from sac_spectral.core.seeding import SeedStreams
 
     torch.set_num_threads(1)
-    cfg = sac_config()
+    cfg = sac_config(compile=compile)
     agent = SAC(OBS, ACT, cfg, SeedStreams(list(range(seeds))))
     sac = JaxSAC(Hyper(cfg.gamma, cfg.tau, cfg.critic.lr, cfg.actor.lr, cfg.alpha.lr, cfg.actor.log_std_min,
                        cfg.actor.log_std_max, agent.target_entropy))
@@ -271,6 +271,7 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=20, help="K: updates per timed block")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--compile", action="store_true", help="ours with compile=true (the whole update compiled)")
     for flag, kind in (("--worker", str), ("--seeds", int), ("--threads", int), ("--core", int)):
         p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -286,11 +287,12 @@ def main() -> None:
     if unknown:
         p.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
     print(HEADER)
+    print(f"ours: compile={'true (agents.compiled: two compiled programs per update)' if args.compile else 'false (eager)'}")
     print(f"K = {args.updates} updates per block, {args.rounds} rounds; load average before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; cores: {len(os.sched_getaffinity(0))}")
     if not args.skip_check:
         for seeds in (1, 2):
-            diff = check(seeds)
+            diff = check(seeds, args.compile)
             print(f"equivalence, {seeds} seed(s), {CHECK_UPDATES} updates: max |param diff| {diff:.2e}  "
                   f"{'PASS' if diff <= TOL else 'FAIL'}", flush=True)
             if diff > TOL:

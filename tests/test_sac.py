@@ -240,12 +240,52 @@ def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
     torch.testing.assert_close(agent.act(obs, deterministic=True), expected, rtol=0, atol=0)
 
 
+def _regularized_cfg(**kw) -> SACConfig:
+    """A spectral penalty on the actor; on the critic an L2 penalty, AdamW decay and shrink & perturb
+    every 2 updates (an ``after_step`` intervention: the compiled update then runs two programs)."""
+    cfg = small_cfg(**kw)
+    cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2}]
+    cfg.critic.regularizers = [{"name": "l2", "coef": 1e-2}, {"name": "shrink_perturb", "every": 2}]
+    cfg.critic.weight_decay = 1e-3
+    return cfg
+
+
 @pytest.mark.slow
-def test_compiled_update_matches_eager():
-    ref, _ = _train_copy(small_cfg())
-    comp, _ = _train_copy(small_cfg(compile=True))
+@pytest.mark.parametrize("make_cfg", [small_cfg, _regularized_cfg], ids=["plain", "regularized"])
+def test_compiled_update_matches_eager_and_shares_its_state(make_cfg):
+    """compile=true gives eager's parameters, metrics and Adam state (one program per update, or two
+    around the critic's intervention), and its checkpoint resumes an eager agent and vice versa."""
+    ref, ref_info = _train_copy(make_cfg(), updates=4)
+    comp, comp_info = _train_copy(make_cfg(compile=True), updates=4)
     for p, q in zip(comp.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    for key in ref_info:
+        torch.testing.assert_close(comp_info[key], ref_info[key], rtol=1e-5, atol=1e-5)
+    for opt, ref_opt in ((comp.actor_opt, ref.actor_opt), (comp.critic_opt, ref.critic_opt)):
+        for p, q in zip((p for g in opt.param_groups for p in g["params"]), (q for g in ref_opt.param_groups for q in g["params"])):
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(opt.state[p][key], ref_opt.state[q][key], rtol=1e-5, atol=1e-7)
+    resumed = make_agent(cfg=make_cfg())
+    resumed.load_full_state_dict(copy.deepcopy(comp.full_state_dict()))  # as a checkpoint file: no shared tensors
+    g = torch.Generator().manual_seed(9)
+    batch, noise = random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g)
+    resumed.update(batch, noise)
+    comp.update(batch, noise)
+    for p, q in zip(comp.parameters(), resumed.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_bf16_tracks_fp32():
+    """compile=true with precision=bf16 casts the weights inside the program: fp32 state, losses and
+    weights within bf16 rounding of the fp32 update's."""
+    ref, ref_info = _train_copy(small_cfg())
+    bf, bf_info = _train_copy(small_cfg(precision="bf16", compile=True))
+    assert all(p.dtype == torch.float32 for p in bf.parameters())
+    for key in ("loss/critic", "loss/actor", "entropy"):
+        torch.testing.assert_close(bf_info[key], ref_info[key], rtol=3e-2, atol=3e-2)
+    for p, q in zip(bf.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=5e-3)
 
 
 def test_networks_are_initialized_as_in_rl_with_resets():

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
@@ -27,3 +27,43 @@ def make_optimizer(
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer '{name}'; valid: {', '.join(OPTIMIZERS)}")
+
+
+def adam_state(optimizer: torch.optim.Optimizer, params: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """``(exp_avg, exp_avg_sq, step)`` of ``params`` in an Adam/AdamW ``optimizer``'s own state, created
+    as torch creates it where missing (a fresh optimizer, or parameters whose state a reset dropped)."""
+    for p in params:
+        if not optimizer.state.get(p):
+            optimizer.state[p] = {
+                "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+            }
+    states = [optimizer.state[p] for p in params]
+    return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [s["step"] for s in states]
+
+
+def adam_step_(
+    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], steps: list[Tensor],
+    lr: float, betas: tuple[float, float], eps: float, weight_decay: float, decoupled: bool,
+) -> None:
+    """One Adam (``decoupled``: AdamW) step in place on lists of tensors, torch.optim's formula with
+    per-parameter step counts as tensors (so it traces into one graph for torch.compile):
+    ``m ← β₁m + (1−β₁)g``, ``v ← β₂v + (1−β₂)g²``, ``θ ← θ − lr/(1−β₁ᵗ) · m / (√v/√(1−β₂ᵗ) + ε)``;
+    weight decay adds ``wd·θ`` to ``g`` (Adam) or multiplies ``θ`` by ``1 − lr·wd`` first (AdamW)."""
+    beta1, beta2 = betas
+    if weight_decay and decoupled:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    elif weight_decay:
+        grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_add_(steps, 1.0)
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
+    correction1 = torch._foreach_sub(torch._foreach_pow(beta1, steps), 1.0)  # −(1 − β₁ᵗ)
+    correction2 = torch._foreach_sqrt(torch._foreach_neg(torch._foreach_sub(torch._foreach_pow(beta2, steps), 1.0)))
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, correction2)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_mul_(denom, correction1)  # now −(1 − β₁ᵗ)·(√v̂ + ε)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, lr)
