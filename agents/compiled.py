@@ -1,23 +1,27 @@
-"""SAC's update as two compiled programs (``compile: true``).
+"""SAC's update as compiled programs (``compile: true``).
 
 Each network's step is written as a function of its parameters — the loss through
 :func:`torch.func.functional_call` of the agent's own loss methods, its gradient by
 :func:`torch.func.grad_and_value`, the regularizers' penalty gradients added, and the Adam/AdamW
-step of :func:`~sac_spectral.core.optim.adam_step_` — so that ``torch.compile`` sees the forward,
+step of :func:`~sac_spectral.core.optim.adam_step_` — so that ``torch.compile`` sees forward,
 backward and optimizer step as one graph and fuses their elementwise work (inductor's C++ code on
-the CPU; CUDA graphs on a GPU). Per update, in eager's order:
+the CPU; CUDA graphs on a GPU). In eager's order, one program per update:
 
-1. critic program: critic loss, gradient, Adam step;
-2. the critic regularizers' ``after_step`` (eager, between the programs, as in the eager update);
-3. actor program: Polyak step of the targets, actor and temperature loss, gradient, Adam step;
-4. the actor regularizers' ``after_step``.
+    critic loss, gradient, Adam step → Polyak step of the targets → actor and temperature loss,
+    gradient, Adam step
+
+then the actor regularizers' ``after_step``. When a critic regularizer intervenes after steps
+(shrink & perturb, ReDo, resets…), the update runs as two programs with its ``after_step`` between
+them, where eager runs it.
 
 The programs write the agent's own parameters and its optimizers' own Adam state in place, so
 checkpoints, resets, evaluation and the regularizers see one set of tensors, and a run may resume
-with or without compile. Penalties are computed in eager before each program (their power
-iterations and state updates are the eager ones) and enter it as gradients. ``precision: bf16``
-casts the linear layers' weights to bf16 inside the program (the same bf16 matmuls on fp32
-masters as the eager copies give).
+with or without compile. Penalties are computed in eager before the program (their power
+iterations and state updates are eager's) and enter it as gradients. ``precision: bf16`` casts the
+linear layers' weights to bf16 inside the program (bf16 matmuls on fp32 masters, as eager's bf16
+copies give). A program is specialised to its agent's structure and configuration at the first
+call; only its arguments (batch, noise, penalty gradients, Adam state and hyperparameters) are
+guarded.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ def _argument_guards(guards: Sequence[Any]) -> list[bool]:
 
 
 class CompiledUpdate:
-    """``update(batch, noise)`` of a :class:`~agents.sac.SAC`, as two compiled programs."""
+    """``update(batch, noise)`` of a :class:`~agents.sac.SAC`, as compiled programs."""
 
     def __init__(self, agent: SAC) -> None:
         self.agent = agent

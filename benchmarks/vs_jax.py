@@ -21,7 +21,10 @@ ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is
    turn (alternating which goes first); figures are medians over rounds, ``ours/jax`` is the
    median of the per-round ratios (> 1: JAX is faster). ``1x2busy``: 2 threads while a busy loop
    started by this script spins in another process; ``1x2``: without it (other load on the
-   machine is not controlled: the load averages before and after are printed).
+   machine is not controlled: the load averages before and after are printed). ``1xauto-busy``:
+   both sides with their default thread count, the busy loop running from before they start: ours
+   chooses as a run with ``threads=0`` does at its start (the cores other processes left idle),
+   JAX uses every core.
 3. Spectral overhead (1x1): ours with ``run_configs/default.yaml``'s regularizers against ours
    plain, timed in the same rounds.
 
@@ -60,6 +63,7 @@ CONFIGS = {
     "10x1": (10, 1, False, "10 seeds 1 thread"),
     "1x2busy": (1, 2, True, "1 seed 2 threads busy"),
     "1x2": (1, 2, False, "1 seed 2 threads idle"),
+    "1xauto-busy": (1, 0, True, "1 seed threads=0 busy"),
 }
 FINAL = ("1x1", "10x1", "1x2busy")
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -70,8 +74,10 @@ differences between the sides:
   - randomness: ours draws indices and noise from per-seed torch.Generator streams (CPU: mt19937)
     for all K updates of a block at once and gathers the K batches up front; JAX draws them with
     jax.random (threefry) inside each jitted update (the scan form: inside the scan)
-  - ours runs eager torch ops (fused Adam); JAX compiles the whole update (sampling included)
-    into one XLA program, state buffers donated
+  - ours runs eager torch ops (fused Adam), or with --compile one inductor program per update
+    (critic step, Polyak step, actor and temperature step) that writes the parameters and Adam
+    state in place; JAX compiles the whole update (sampling included) into one XLA program, state buffers
+    donated
   - both return the same per-update metrics (losses, mean Q, entropy) without reading them
   - timing data: 10 000 random transitions per seed of the same shapes and distributions, not the
     same values; each side initializes its own (orthogonal) parameters"""
@@ -91,15 +97,19 @@ def ours_worker(args: argparse.Namespace) -> None:
 
     from agents.config import DEFAULT_REGULARIZERS
     from benchmarks.common import build, sac_config, time_updates
+    from sac_spectral.core.threads import choose_threads
 
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cfg = sac_config(compile=args.compile)
     if args.side == "ours-spectral":
         cfg.actor.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
         cfg.critic.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
     agent, buf = build(cfg, args.seeds)
     time_updates(agent, buf, BATCH, args.updates)
-    serve({"loop": lambda: time_updates(agent, buf, BATCH, args.updates)})
+    if not args.threads:  # as a run with threads=0 chooses at its start: the cores left idle since import
+        torch.set_num_threads(choose_threads(0, torch.get_num_threads())[0])
+    serve({"loop": lambda: time_updates(agent, buf, BATCH, args.updates), "threads": torch.get_num_threads})
 
 
 def jax_worker(args: argparse.Namespace) -> None:
@@ -148,7 +158,7 @@ class Worker:
     """One side's worker process; :meth:`block` times one block of updates."""
 
     def __init__(self, side: str, seeds: int, threads: int, core: int, args: argparse.Namespace) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else dict(os.environ)
         if side == "jax" and threads == 1:
             env["XLA_FLAGS"] = XLA_ONE_THREAD
         cmd = [sys.executable, __file__, "--worker", side, "--seeds", str(seeds), "--threads", str(threads),
@@ -178,12 +188,18 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     seeds, threads, busy, _ = CONFIGS[name]
     core = max(os.sched_getaffinity(0)) if threads == 1 else -1
     sides = {"ours": "ours", "jax": "jax"} | ({"spectral": "ours-spectral"} if name == "1x1" else {})
-    workers = {k: Worker(side, seeds, threads, core, args) for k, side in sides.items()}
-    for w in workers.values():
-        w.wait_ready()
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
-    samples: dict[str, list[float]] = {k: [] for k in [*workers, "scan"]}
+    # threads=0: the co-runner is there from the start, when ours chooses its thread count
+    spin = [sys.executable, "-c", "while True: pass"]
+    spinner = subprocess.Popen(spin) if busy and not threads else None
+    workers: dict[str, Worker] = {}
+    samples: dict[str, list[float]] = {k: [] for k in [*sides, "scan"]}
     try:
+        workers.update({k: Worker(side, seeds, threads, core, args) for k, side in sides.items()})
+        for w in workers.values():
+            w.wait_ready()
+        if not threads:
+            print(f"  ours chose {workers['ours'].block('threads'):.0f} thread(s); JAX uses its default (all cores)")
+        spinner = subprocess.Popen(spin) if busy and threads else spinner
         for r in range(args.rounds):
             order = list(workers) if r % 2 == 0 else list(reversed(workers))
             for k in order:
@@ -287,7 +303,7 @@ def main() -> None:
     if unknown:
         p.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
     print(HEADER)
-    print(f"ours: compile={'true (agents.compiled: two compiled programs per update)' if args.compile else 'false (eager)'}")
+    print(f"ours: compile={'true' if args.compile else 'false'}")
     print(f"K = {args.updates} updates per block, {args.rounds} rounds; load average before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; cores: {len(os.sched_getaffinity(0))}")
     if not args.skip_check:
