@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from agents import SAC, ReplayBuffer, SACConfig
+from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT = 17, 6  # DMC cheetah-run

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import torch
 
-from agents import SAC, ReplayBuffer, SACConfig
-from agents.probes import (
+from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
+from sac_spectral.agents.probes import (
     DiagnosticsConfig,
     critic_td_loss,
     probe_batch,

@@ -1,11 +1,11 @@
-"""The SAC update of :mod:`agents.sac` written in plain JAX + optax, in jaxrl's form (for
+"""The SAC update of :mod:`sac_spectral.agents.sac` written in plain JAX + optax, in jaxrl's form (for
 ``benchmarks/vs_jax.py``; imports neither torch nor the project).
 
 One seed's state is a pytree: actor (trunk ``[(w [out, in], b [out]), …]``, ``mean`` and ``log_std``
 heads), critic and target critic (the ``num_critics`` ensemble stacked: ``w [C, out, in]``,
 ``b [C, out]``), ``log_alpha`` (a scalar) and three ``optax.adam`` states (critic, actor, log α;
 actor and log α touch disjoint parameters, so two optimizers equal the fused one of
-:class:`agents.SAC`). Weights are laid out as ``nn.Linear``'s, so the parameters of a ``SAC`` copy
+:class:`sac_spectral.agents.SAC`). Weights are laid out as ``nn.Linear``'s, so the parameters of a ``SAC`` copy
 over as they are. Seeds are a leading axis: every public function is ``jax.vmap``-ed over it.
 
 Per update, as ``SAC.update``: critic step on ``mean_i (Q_j − y)²`` summed over critics, Polyak
@@ -75,7 +75,7 @@ def _dense(p: Layer, x: Array) -> Array:
 
 
 def policy(actor: Tree, obs: Array, noise: Array, h: Hyper) -> tuple[Array, Array]:
-    """Tanh-Gaussian action ``[B, A]`` and its log-density ``[B]`` (``agents.sac.tanh_gaussian``)."""
+    """Tanh-Gaussian action ``[B, A]`` and its log-density ``[B]`` (``sac_spectral.agents.sac.tanh_gaussian``)."""
     x = obs
     for p in actor["trunk"]:
         x = jax.nn.relu(_dense(p, x))

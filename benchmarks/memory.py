@@ -17,7 +17,7 @@ import tempfile
 
 import torch
 
-from agents import SAC, ReplayBuffer
+from sac_spectral.agents import SAC, ReplayBuffer
 from benchmarks.common import ACT, OBS, sac_config
 from sac_spectral.core.config import merge_sources
 from sac_spectral.core.seeding import SeedStreams

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from agents import SAC
+from sac_spectral.agents import SAC
 from benchmarks.common import build, interleaved_medians, sac_config, time_updates
 
 VARIANTS = {

@@ -24,9 +24,9 @@ import torch
 from tqdm import tqdm
 
 import sac_spectral  # noqa: F401  (before torch: OpenMP settings)
-from agents import SAC, ReplayBuffer
-from agents.networks import tanh_gaussian
-from envs import EnvPool
+from sac_spectral.agents import SAC, ReplayBuffer
+from sac_spectral.agents.networks import tanh_gaussian
+from sac_spectral.envs import EnvPool
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.train import TrainConfig
 

@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-from agents import SAC
+from sac_spectral.agents import SAC
 from benchmarks.common import (
     ACT,
     OBS,

@@ -21,7 +21,7 @@ use_offscreen_rendering()  # before dm_control is imported
 
 import numpy as np  # noqa: E402
 
-from envs import make_env, run_episode  # noqa: E402
+from sac_spectral.envs import make_env, run_episode  # noqa: E402
 from sac_spectral.runs.video import rollout, write_video  # noqa: E402
 
 

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/vs_jax.py` imports this checkout's packages
 
 if TYPE_CHECKING:
-    from agents import SAC
+    from sac_spectral.agents import SAC
     from sac_spectral.core.nets import BatchedLinear, BatchedMLP
 
 BATCH, TOL, CHECK_UPDATES = 256, 1e-6, 3
@@ -68,7 +68,7 @@ CONFIGS = {
 FINAL = ("1x1", "10x1", "1x2busy")
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 HEADER = """\
-ours (agents.SAC.train_steps) vs the same SAC update in JAX + optax (benchmarks/jax_sac.py, jaxrl's form):
+ours (sac_spectral.agents.SAC.train_steps) vs the same SAC update in JAX + optax (benchmarks/jax_sac.py, jaxrl's form):
 plain SAC, cheetah-run dims (obs 17, act 6), 2x256 ReLU MLPs, 2 critics, batch 256, fp32, CPU
 differences between the sides:
   - randomness: ours draws indices and noise from per-seed torch.Generator streams (CPU: mt19937)
@@ -95,7 +95,7 @@ def ours_worker(args: argparse.Namespace) -> None:
     import sac_spectral  # noqa: F401, I001  first: the project's OpenMP spin-wait, before torch loads libgomp
     import torch
 
-    from agents.config import DEFAULT_REGULARIZERS
+    from sac_spectral.agents.config import DEFAULT_REGULARIZERS
     from benchmarks.common import build, sac_config, time_updates
     from sac_spectral.core.threads import choose_threads
 
@@ -253,7 +253,7 @@ def check(seeds: int, compile: bool) -> float:
     Torch runs on 1 thread: 2 threads sum in another order, and a rounding-size change that flips
     a ReLU near 0 (or the sign of a near-zero gradient in Adam's first, normalized steps) moves
     weights by ~lr; torch 1 thread vs 2 threads alone then differ by ~1e-3 on 2 seeds."""
-    from agents import SAC  # noqa: I001  first: imports sac_spectral before torch (OpenMP setting)
+    from sac_spectral.agents import SAC  # noqa: I001  first: imports sac_spectral before torch (OpenMP setting)
     import jax
     import torch
 

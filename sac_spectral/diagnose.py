@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from agents import SAC, ReplayBuffer
-from agents.config import TrainConfig
-from agents.probes import probe_batch, sac_diagnostics
+from sac_spectral.agents import SAC, ReplayBuffer
+from sac_spectral.agents.config import TrainConfig
+from sac_spectral.agents.probes import probe_batch, sac_diagnostics
 from sac_spectral.core.config import ConfigError, merge_sources, one_line, read_yaml
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.threads import check_threads

@@ -4,7 +4,7 @@ It reads the actor's weights and the config from the checkpoint (``weights_only=
 memory-mapped, so the replay buffer is never read into memory) and acts as the trainer's
 evaluation does: ``tanh(mean)`` deterministically, or a sample of the tanh-Gaussian. Its
 :meth:`Policy.make_env` builds the env as the trainer's evaluation does, so playing the episodes
-of an evaluation (reset seeds :func:`~envs.evaluate.eval_seed`) gives the returns recorded
+of an evaluation (reset seeds :func:`~sac_spectral.envs.evaluate.eval_seed`) gives the returns recorded
 in ``evals.csv``.
 """
 
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from agents.config import TrainConfig
-from agents.networks import actor_mean_log_std, make_actor
-from envs import UnknownEnvError, make_env, run_episode
-from envs.evaluate import eval_seed
+from sac_spectral.agents.config import TrainConfig
+from sac_spectral.agents.networks import actor_mean_log_std, make_actor
+from sac_spectral.envs import UnknownEnvError, make_env, run_episode
+from sac_spectral.envs.evaluate import eval_seed
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.rl_run import check_format
@@ -63,7 +63,7 @@ class Recorded:
 
 class Policy:
     """Seed ``seed_index`` of a trained run: ``act(obs)`` for one observation ``[obs_dim]`` or a
-    batch ``[B, obs_dim]``; actions lie in ``action_space`` (``[-1, 1]``, as :func:`envs.make_env`
+    batch ``[B, obs_dim]``; actions lie in ``action_space`` (``[-1, 1]``, as :func:`sac_spectral.envs.make_env`
     rescales them)."""
 
     def __init__(self, cfg: TrainConfig, actor_state: dict[str, torch.Tensor], seed_index: int,

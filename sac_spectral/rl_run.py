@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from agents import SAC, ReplayBuffer
-from agents.config import TrainConfig, run_tag, seed_label
-from envs import EnvPool, UnknownEnvError, make_env
-from envs.evaluate import eval_env_seed
+from sac_spectral.agents import SAC, ReplayBuffer
+from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
+from sac_spectral.envs import EnvPool, UnknownEnvError, make_env
+from sac_spectral.envs.evaluate import eval_env_seed
 from sac_spectral.core.config import ConfigError
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.threads import ThreadWatch

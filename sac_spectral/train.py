@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents import SAC, ReplayBuffer
-from agents.config import TrainConfig
-from agents.probes import DiagnosticsConfig, probe_batch, sac_diagnostics
-from envs.evaluate import eval_seed, evaluate
+from sac_spectral.agents import SAC, ReplayBuffer
+from sac_spectral.agents.config import TrainConfig
+from sac_spectral.agents.probes import DiagnosticsConfig, probe_batch, sac_diagnostics
+from sac_spectral.envs.evaluate import eval_seed, evaluate
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.rl_run import CHECKPOINT_FORMAT, RLRun, check_format

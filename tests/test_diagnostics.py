@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from agents import SAC, ReplayBuffer, SACConfig
-from agents.probes import (
+from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
+from sac_spectral.agents.probes import (
     DiagnosticsConfig,
     actor_loss,
     critic_td_loss,

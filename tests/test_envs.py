@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from conftest import TOY_ID
 
-from envs import EnvPool, UnknownEnvError, make_env
+from sac_spectral.envs import EnvPool, UnknownEnvError, make_env
 
 
 def test_dmc_short_and_shimmy_ids_give_flat_float32_obs_and_unit_actions():

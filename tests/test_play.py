@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import SMALL
 
-from envs.evaluate import eval_seed
+from sac_spectral.envs.evaluate import eval_seed
 from sac_spectral.policy import load_policy, play_episodes
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint
 from sac_spectral.runs.cli import run_cli

@@ -274,7 +274,7 @@ def test8_impossible_sizes_are_refused_with_the_estimate_before_the_run_dir(tmp_
 
 
 def test8_estimates_match_the_allocations_they_count():
-    from agents import SAC, ReplayBuffer
+    from sac_spectral.agents import SAC, ReplayBuffer
     from sac_spectral.core.seeding import SeedStreams
 
     cfg = train.TrainConfig(num_seeds=2, buffer_size=300, batch_size=8)

@@ -1,6 +1,6 @@
 import torch
 
-from agents.replay import ReplayBuffer
+from sac_spectral.agents.replay import ReplayBuffer
 
 
 def _fill(buf, n, offset=0):

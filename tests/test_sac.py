@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
+from sac_spectral.agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
 from sac_spectral.core.seeding import SeedStreams
 
 
@@ -325,7 +325,7 @@ def test_update_losses_are_the_means_of_the_per_example_losses():
 def test_diagnostics_differentiate_the_losses_the_update_minimizes():
     """The gradient-rank closures' per-example losses average to the update's losses on the same
     batch and noise (one definition of SAC's losses)."""
-    from agents.probes import actor_loss, critic_td_loss
+    from sac_spectral.agents.probes import actor_loss, critic_td_loss
 
     agent = make_agent(seeds=(0, 1))
     batch = random_batch(n=2, b=8)

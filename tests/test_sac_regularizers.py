@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agents import SAC, ReplayBuffer, SACConfig
+from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.core.config import load_config
 from sac_spectral.core.nets import ACTIVATIONS, BatchedMLP
 from sac_spectral.core.seeding import SeedStreams

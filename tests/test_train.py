@@ -196,7 +196,7 @@ def test_evaluation_at_a_reset_step_scores_the_trained_agent_also_across_a_resum
 
 
 def test_every_evaluation_plays_fresh_episodes():
-    from envs.evaluate import eval_seed
+    from sac_spectral.envs.evaluate import eval_seed
 
     seeds = {eval_seed(0, evaluation, ep) for evaluation in range(5) for ep in range(10)}
     assert len(seeds) == 50 and eval_seed(0, 3, 1) == eval_seed(0, 3, 1)

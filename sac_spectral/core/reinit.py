@@ -1,6 +1,6 @@
 """Fresh initializer draws and optimizer-state clearing: the one mechanism behind every reset.
 
-Network initialization, the RL resets of :meth:`agents.SAC.reset`, the ``reset``, ``redo`` and
+Network initialization, the RL resets of :meth:`sac_spectral.agents.SAC.reset`, the ``reset``, ``redo`` and
 ``shrink_perturb`` regularizers all draw parameters through :func:`draw` and write them with
 :func:`reinitialize`; optimizer moments are cleared with :func:`forget` (whole tensors) or
 :func:`zero_moments` (some rows or columns).

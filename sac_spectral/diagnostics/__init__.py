@@ -5,7 +5,7 @@
 - :mod:`~sac_spectral.diagnostics.spectra`: exact weight singular values per layer and member.
 - :mod:`~sac_spectral.diagnostics.features`: feature rank, ReDo dormant scores.
 - :mod:`~sac_spectral.diagnostics.report`: everything for one network as TensorBoard tags.
-- :mod:`~agents.probes`: SAC loss closures, probe batches, the ``diagnostics`` config.
+- :mod:`~sac_spectral.agents.probes`: SAC loss closures, probe batches, the ``diagnostics`` config.
 - :mod:`~sac_spectral.diagnostics.lowrank`: the spiked-covariance low-rank gradient lab.
 """
 

@@ -5,7 +5,7 @@
 >>> logger.scalars(rep.scalars, step)       # a RunLogger: one tag per value       # doctest: +SKIP
 
 :func:`network_diagnostics` takes any closure ``loss_fn(module, batch) → [..., B]`` instead (see
-:mod:`~sac_spectral.diagnostics.gradients`), e.g. the SAC losses of :mod:`~agents.probes`.
+:mod:`~sac_spectral.diagnostics.gradients`), e.g. the SAC losses of :mod:`~sac_spectral.agents.probes`.
 
 Scalars (each ``[M]``, one value per member; ``<net>`` is ``name``):
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from agents.sac import make_actor, make_critic
+from sac_spectral.agents.sac import make_actor, make_critic
 from sac_spectral.core.config import ConfigError
 
 FLOAT32 = 4

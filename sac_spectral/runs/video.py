@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.episode import run_episode
+from sac_spectral.envs.episode import run_episode
 from sac_spectral.core.config import ConfigError
 from sac_spectral.runs.checkpoint import atomic_write
 

@@ -33,7 +33,7 @@ UPDATE_KEYS = ("batch_size", "num_seeds", "device")
 def update_key(cfg: Any, obs_dim: int, act_dim: int) -> list[Any]:
     """What the measured time of one update depends on: the shapes, every field of the resolved
     agent config (precision, compile, networks, regularizers, …), the batch, members and device."""
-    from agents import SACConfig
+    from sac_spectral.agents import SACConfig
 
     resolved = to_dict(cfg)
     names = [f.name for f in fields(SACConfig)] + list(UPDATE_KEYS)
@@ -67,8 +67,8 @@ class CostModel:
     def train(self, cfg: Any) -> tuple[int, float]:
         import torch
 
-        from agents import SAC, ReplayBuffer
-        from envs import make_env
+        from sac_spectral.agents import SAC, ReplayBuffer
+        from sac_spectral.envs import make_env
         from sac_spectral.core.seeding import SeedStreams
 
         updates = cfg.total_updates

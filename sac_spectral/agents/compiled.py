@@ -40,7 +40,7 @@ from sac_spectral.core.optim import adam_state, adam_step_
 from sac_spectral.regularizers import Regularizer
 
 if TYPE_CHECKING:
-    from agents.sac import SAC
+    from sac_spectral.agents.sac import SAC
 
 Metrics = dict[str, Tensor]
 
@@ -108,7 +108,7 @@ def _argument_guards(guards: Sequence[Any]) -> list[bool]:
 
 
 class CompiledUpdate:
-    """``update(batch, noise)`` of a :class:`~agents.sac.SAC`, as compiled programs."""
+    """``update(batch, noise)`` of a :class:`~sac_spectral.agents.sac.SAC`, as compiled programs."""
 
     def __init__(self, agent: SAC) -> None:
         self.agent = agent

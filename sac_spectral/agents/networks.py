@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agents.config import ActorConfig, CriticConfig, SACConfig
+from sac_spectral.agents.config import ActorConfig, CriticConfig, SACConfig
 from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
 

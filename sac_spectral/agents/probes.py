@@ -26,8 +26,8 @@ from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
 from sac_spectral.diagnostics.report import Report, network_diagnostics
 
 if TYPE_CHECKING:
-    from agents.replay import ReplayBuffer
-    from agents.sac import SAC
+    from sac_spectral.agents.replay import ReplayBuffer
+    from sac_spectral.agents.sac import SAC
 
 DEFAULT_EVERY = 1000
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agents.probes import DiagnosticsConfig
+from sac_spectral.agents.probes import DiagnosticsConfig
 from sac_spectral.core.config import at_least, check, option, section
 from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS

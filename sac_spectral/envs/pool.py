@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from envs.make import make_env
-from envs.state import get_env_state, set_env_state
+from sac_spectral.envs.make import make_env
+from sac_spectral.envs.state import get_env_state, set_env_state
 
 
 @dataclass

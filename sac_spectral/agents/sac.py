@@ -1,6 +1,6 @@
 """Soft Actor-Critic (Haarnoja et al. 2018) in the jaxrl / primacy-bias form, member-batched: the
 update, its optimizers and regularizers, resets and state, on the networks and losses of
-:mod:`agents.networks`.
+:mod:`sac_spectral.agents.networks`.
 
 - Order per update (jaxrl): critic step → target update (Polyak, ``τ``) → actor and temperature
   step (on the updated critic, whose parameters are detached so no critic weight gradients are
@@ -26,16 +26,16 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from agents.compiled import CompiledUpdate
-from agents.config import SACConfig
-from agents.networks import (
+from sac_spectral.agents.compiled import CompiledUpdate
+from sac_spectral.agents.config import SACConfig
+from sac_spectral.agents.networks import (
     SACNetworks,
     actor_mean_log_std,
     make_actor,
     make_critic,
     tanh_gaussian,
 )
-from agents.replay import ReplayBuffer
+from sac_spectral.agents.replay import ReplayBuffer
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.core.precision import make_precision
 from sac_spectral.core.reinit import reset_layers
@@ -73,7 +73,7 @@ class SAC(SACNetworks):
         self.num_updates = 0
         self._online_params = list(self.critic.parameters())
         self._target_params = list(self.target_critic.parameters())
-        # compiled, bf16 is a cast inside the program (agents.compiled), not a set of weight copies
+        # compiled, bf16 is a cast inside the program (sac_spectral.agents.compiled), not a set of weight copies
         self.precision = make_precision("fp32" if cfg.compile else cfg.precision, {
             "actor": (self.actor, True), "critic": (self.critic, True), "target": (self.target_critic, False),
         })
