@@ -2,7 +2,8 @@
 
 It reads the actor's weights and the config from the checkpoint (``weights_only=True``, the file
 memory-mapped, so the replay buffer is never read into memory) and acts as the trainer's
-evaluation does: ``tanh(mean)`` deterministically, or a sample of the tanh-Gaussian. Its
+evaluation does (the agent's exported policy: SAC's ``tanh(mean)``, TD3's ``μ(s)``), or explores as
+its agent does (a tanh-Gaussian sample; TD3's Gaussian noise). Its
 :meth:`Policy.make_env` builds the env as the trainer's evaluation does, so playing the episodes
 of an evaluation (reset seeds :func:`~sac_spectral.envs.evaluate.eval_seed`) gives the returns recorded
 in ``evals.csv``.
@@ -10,6 +11,7 @@ in ``evals.csv``.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,10 +24,12 @@ import torch
 from gymnasium import spaces
 
 from sac_spectral.agents.config import TrainConfig
-from sac_spectral.agents.networks import actor_mean_log_std, make_actor
+from sac_spectral.agents import agent_class
+from sac_spectral.agents.base import actor_dims
 from sac_spectral.envs import UnknownEnvError, make_env, run_episode
 from sac_spectral.envs.evaluate import eval_seed
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
+from sac_spectral.core.device import check_device
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.rl_run import check_format
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
@@ -69,20 +73,24 @@ class Policy:
     def __init__(self, cfg: TrainConfig, actor_state: dict[str, torch.Tensor], seed_index: int,
                  device: str | torch.device = "cpu", step: int = 0, recorded: Recorded | None = None,
                  source: Path | None = None) -> None:
-        weight = actor_state["layers.0.weight"]
         self.cfg = cfg
-        self.members, _, self.obs_dim = weight.shape
-        self.act_dim = actor_state["heads.0.weight"].shape[1]
+        try:
+            self.members, self.obs_dim, self.act_dim = actor_dims(actor_state)
+        except (KeyError, StopIteration):
+            raise CheckpointError(f"checkpoint {source}: its actor has no input layer or no head") from None
+        if self.members != cfg.num_seeds:
+            raise CheckpointError(f"checkpoint {source}: its config says num_seeds={cfg.num_seeds} but its actor "
+                                  f"holds {self.members} member{'s' * (self.members > 1)}")
+        _check_finite(actor_state, source)
         self.seed_index, self.seed = seed_index, cfg.seed + seed_index
         self.env_id, self.action_repeat = cfg.env, cfg.action_repeat
         self.step, self.recorded, self.source = step, recorded, source
         self.device = torch.device(device)
-        self.actor = make_actor(self.members, self.obs_dim, self.act_dim, cfg.actor)
         try:
-            self.actor.load_state_dict(actor_state)
+            self.net = agent_class(cfg.agent).export_policy(cfg, actor_state)
         except RuntimeError as err:
             raise CheckpointError(f"checkpoint {source}: its actor does not match its config ({one_line(err, 160)})") from None
-        self.actor.requires_grad_(False).eval().to(self.device)
+        self.net.requires_grad_(False).eval().to(self.device)
         self.generator = torch.Generator(self.device)
         self.reseed(derive_seed(self.seed, "play"))
 
@@ -96,45 +104,42 @@ class Policy:
 
     @torch.inference_mode()
     def act(self, obs: Any, deterministic: bool = True) -> np.ndarray:
-        """``tanh(mean)`` (deterministic, as the trainer evaluates) or a tanh-Gaussian sample, as
-        float32 ``[act_dim]`` for one observation or ``[B, act_dim]`` for a batch."""
-        x = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
+        """The deterministic action the trainer evaluates (SAC: ``tanh(mean)``), or the agent's
+        exploring one (SAC: a tanh-Gaussian sample), as float32 ``[act_dim]`` for one observation or
+        ``[B, act_dim]`` for a batch."""
+        x = torch.as_tensor(_finite_float32(obs), device=self.device)
         single = x.dim() == 1
         if x.dim() not in (1, 2) or x.shape[-1] != self.obs_dim:
             raise ValueError(f"expected an observation [{self.obs_dim}] or a batch [B, {self.obs_dim}], got {tuple(x.shape)}")
         x = x.reshape(1, -1, self.obs_dim)
         # every member sees the batch, as in the trainer's batched act (the same kernels, so the same bits)
         x = x.expand(self.members, -1, -1).contiguous()
-        mean, log_std = actor_mean_log_std(self.actor, x, self.cfg.actor)
-        mean, log_std = mean[self.seed_index], log_std[self.seed_index]
-        if deterministic:
-            action = torch.tanh(mean)
-        else:
-            noise = torch.randn(mean.shape, generator=self.generator, device=self.device)
-            action = torch.tanh(mean + log_std.exp() * noise)
-        out = action.cpu().numpy()
+        out = self.net(x, self.seed_index, deterministic, self.generator).cpu().numpy()
         return out[0] if single else out
 
     __call__ = act
 
     def make_env(self) -> gym.Env:
-        """An env built as the trainer builds this seed's evaluation env."""
+        """An env built as the trainer builds this seed's evaluation env; a ``CheckpointError`` where
+        its spaces do not fit the actor."""
         try:
-            return make_env(self.env_id, derive_seed(self.seed, "eval") % (2**31), self.action_repeat)
+            env = make_env(self.env_id, derive_seed(self.seed, "eval") % (2**31), self.action_repeat)
         except UnknownEnvError as err:
             raise ConfigError(f"env: {err}") from None
+        obs_shape, act_shape = env.observation_space.shape, env.action_space.shape
+        if obs_shape != (self.obs_dim,) or act_shape != (self.act_dim,):
+            env.close()
+            raise CheckpointError(f"checkpoint {self.source}: its actor maps {self.obs_dim} observations to {self.act_dim} "
+                                  f"actions, but {self.env_id} has {obs_shape} and {act_shape}")
+        return env
 
     @cached_property
     def _spaces(self) -> tuple[spaces.Space, spaces.Space]:
         env = self.make_env()
         try:
-            obs_space, act_space = env.observation_space, env.action_space
+            return env.observation_space, env.action_space
         finally:
             env.close()
-        if obs_space.shape != (self.obs_dim,) or act_space.shape != (self.act_dim,):
-            raise CheckpointError(f"checkpoint {self.source}: its actor maps {self.obs_dim} observations to {self.act_dim} "
-                                  f"actions, but {self.env_id} has {obs_space.shape} and {act_space.shape}")
-        return obs_space, act_space
 
     @property
     def observation_space(self) -> spaces.Space:
@@ -149,8 +154,11 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
     """The policy of seed ``seed_index`` of an RL run (a run directory or its checkpoint file).
 
     Only the actor's tensors and the config are read (the checkpoint is memory-mapped and loaded
-    with ``weights_only=True``). A missing file, a continual run, a checkpoint of another format
-    or a seed index out of range raise a one-line :class:`CheckpointError` / ``ConfigError``."""
+    with ``weights_only=True``). A missing file, a continual run, a checkpoint of another format,
+    an actor that does not match its config or holds non-finite weights, a seed index that is not
+    an integer (``bool`` and ``str`` are not) or out of range, or a ``device`` other than ``cpu`` or
+    an available ``cuda`` raise a one-line :class:`CheckpointError` / ``ConfigError``."""
+    check_device(str(device))
     path = checkpoint_path(run_dir_or_checkpoint)
     state = load_checkpoint(path, mmap=True)
     saved = state.get("config")
@@ -169,18 +177,51 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
         actor_state = {k[len(_ACTOR):]: v.clone() for k, v in modules.items() if k.startswith(_ACTOR)}
         step = int(state["step"])
         evals = list(state["evals"])
+        injected = [s for r, s in zip(cfg.actor.regularizers, state["agent"]["actor_regs"])
+                    if r.get("name") == "plasticity_injection" and float(s.get("injected", 0)) > 0]
     except (KeyError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} lacks part of a run's state ({type(err).__name__}: {err})") from None
     except ConfigError as err:
         raise CheckpointError(f"checkpoint {path}: its config is not valid here: {err}") from None
-    if not isinstance(seed_index, int) or not 0 <= seed_index < cfg.num_seeds:
-        raise ConfigError(f"seed index {seed_index} is out of range: the run has {cfg.num_seeds} "
-                          f"seed{'s' * (cfg.num_seeds > 1)} (indices 0..{cfg.num_seeds - 1})")
-    recorded = None
-    if evals and int(evals[-1]["step"]) == step:
-        recorded = Recorded(len(evals) - 1, step, cfg.eval_episodes, float(evals[-1]["returns"][seed_index]))
+    if injected:
+        raise CheckpointError(f"checkpoint {path}: its actor was changed by plasticity_injection, whose frozen "
+                              "branches live in the regularizer, not in the actor's weights; load_policy cannot "
+                              "export it (resume the run, or inject into the critic only)")
+    valid = f"the run has {cfg.num_seeds} seed{'s' * (cfg.num_seeds > 1)} (indices 0..{cfg.num_seeds - 1})"
+    if not isinstance(seed_index, numbers.Integral) or isinstance(seed_index, bool):
+        raise ConfigError(f"seed index {seed_index!r} is not an integer: {valid}")
+    seed_index = int(seed_index)
+    if not 0 <= seed_index < cfg.num_seeds:
+        raise ConfigError(f"seed index {seed_index} is out of range: {valid}")
     del state, modules
-    return Policy(cfg, actor_state, seed_index, device, step, recorded, path)
+    policy = Policy(cfg, actor_state, seed_index, device, step, None, path)  # checks the actor against the config
+    if evals and int(evals[-1]["step"]) == step:
+        policy.recorded = Recorded(len(evals) - 1, step, cfg.eval_episodes, float(evals[-1]["returns"][seed_index]))
+    return policy
+
+
+def _check_finite(actor_state: Mapping[str, torch.Tensor], source: Path | None) -> None:
+    """A one-line ``CheckpointError`` naming the actor's tensors that hold NaN or infinity."""
+    bad = {k: int((~torch.isfinite(v)).sum()) for k, v in actor_state.items() if v.is_floating_point()}
+    bad = {k: n for k, n in bad.items() if n}
+    if bad:
+        total = sum(bad.values())
+        raise CheckpointError(f"checkpoint {source}: its actor holds {total} non-finite value{'s' * (total > 1)} "
+                              f"(in {', '.join(bad)}); the trainer never saves such weights")
+
+
+def _finite_float32(obs: Any) -> np.ndarray:
+    """``obs`` as float32; a one-line ``ValueError`` naming the entries that are NaN, infinite or
+    beyond float32's range."""
+    raw = np.asarray(obs)
+    with np.errstate(over="ignore"):
+        x = raw.astype(np.float32)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        where = [f"[{', '.join(map(str, i))}] ({float(raw[tuple(i)]):g})" for i in np.argwhere(bad)[:3]]
+        more = f" and {int(bad.sum()) - 3} more" if bad.sum() > 3 else ""
+        raise ValueError(f"observation not finite in float32 at {', '.join(where)}{more}")
+    return x
 
 
 def play_episodes(policy: Policy, reset_seeds: Sequence[int], deterministic: bool = True,

@@ -5,6 +5,8 @@ that :func:`check_format` guards for every reader (resume, ``diagnose``, ``load_
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +14,8 @@ from typing import Any
 
 import torch
 
-from sac_spectral.agents import SAC, ReplayBuffer
+from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
+from sac_spectral.agents.plasticity import PlasticityProbes
 from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
 from sac_spectral.envs import EnvPool, UnknownEnvError, make_env
 from sac_spectral.envs.evaluate import eval_env_seed
@@ -20,10 +23,12 @@ from sac_spectral.core.config import ConfigError
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.threads import ThreadWatch
 from sac_spectral.runs.cli import recorded_config, set_torch_threads
+from sac_spectral.runs.layout import SUMMARY
 from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finite
-from sac_spectral.runs.memory import check_fits, sac_estimate
+from sac_spectral.runs.memory import check_fits
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
-from sac_spectral.runs.video import render, use_offscreen_rendering
+from sac_spectral.runs.run import Finished
+from sac_spectral.runs.video import gl_backend, render, use_offscreen_rendering
 
 #: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming
 CHECKPOINT_FORMAT = 2
@@ -42,8 +47,9 @@ def describe(cfg: TrainConfig, seeds: Sequence[int], threads: str) -> str:
     """One line: what a run of ``cfg`` does."""
     regs = {net: "+".join(r["name"] for r in getattr(cfg, net).regularizers) or "none" for net in ("actor", "critic")}
     parts = [
-        cfg.env, f"seed{'s' if len(seeds) > 1 else ''} {seed_label(seeds)[1:]}",
-        f"{cfg.total_steps} steps at replay ratio {cfg.replay_ratio:g} after {cfg.random_steps} random",
+        cfg.agent, cfg.env, f"seed{'s' if len(seeds) > 1 else ''} {seed_label(seeds)[1:]}",
+        f"{cfg.total_steps} steps{simulator_steps(cfg.total_steps, cfg.action_repeat)} at replay ratio "
+        f"{cfg.replay_ratio:g} after {cfg.random_steps} random",
         f"regularizers actor: {regs['actor']}, critic: {regs['critic']}",
     ]
     if cfg.resets.every:
@@ -52,6 +58,59 @@ def describe(cfg: TrainConfig, seeds: Sequence[int], threads: str) -> str:
         parts.append(f"priming {cfg.priming.updates} updates on the first {cfg.priming.transitions} transitions")
     parts.append(f"{cfg.device}, {threads}")
     return " | ".join(parts)
+
+
+def simulator_steps(steps: int, action_repeat: int) -> str:
+    """`` (N simulator steps at action_repeat k)`` where a step (an action of the agent) advances the
+    simulator ``k > 1`` times, else nothing."""
+    return f" ({steps * action_repeat} simulator steps at action_repeat {action_repeat})" if action_repeat > 1 else ""
+
+
+def missing_compiler() -> str | None:
+    """Why ``torch.compile`` cannot build its C++ kernels on the CPU — inductor's own lookup
+    (``$CXX``, else ``g++``) finds no compiler that runs — or None if it can."""
+    from torch._inductor import config, cpp_builder  # a second to import: only for compile=true
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except (RuntimeError, OSError, subprocess.SubprocessError):
+        tried = ", ".join(repr(c) for c in config.cpp.cxx if c is not None)
+        return f"tried {tried}; set CXX to one"
+    return None
+
+
+def fall_back_to_eager(cfg: TrainConfig, device: torch.device) -> str | None:
+    """With ``compile=true`` on the CPU and no C++ compiler: set ``cfg.compile`` to false (the run
+    trains eager, and its config says so) and return the warning; else None."""
+    missing = missing_compiler() if cfg.compile and device.type == "cpu" else None
+    if missing is None:
+        return None
+    cfg.compile = False
+    return f"compile=true needs a C++ compiler (none found: {missing}); running eager"
+
+
+def no_updates(cfg: TrainConfig) -> str | None:
+    """The warning for a run of ``cfg`` that does no update (only random warm-up), else None."""
+    if cfg.total_updates > 0:
+        return None
+    why = (f"total_steps={cfg.total_steps} <= random_steps={cfg.random_steps}" if cfg.total_steps <= cfg.random_steps
+           else f"total_steps={cfg.total_steps} at replay_ratio={cfg.replay_ratio:g} after random_steps={cfg.random_steps}")
+    return f"{why}: this run does 0 updates (only random warm-up); lower random_steps to train"
+
+
+def finished_message(path: Path, step: int, total_steps: int) -> str | None:
+    """The line that says the run in ``path`` is done — its checkpoint at ``total_steps`` and its
+    ``summary.json`` of that step — or None."""
+    try:
+        summary = json.loads((path / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    if step != total_steps or not isinstance(summary, dict) or summary.get("steps") != step:
+        return None
+    final = summary.get("final_eval_return")
+    result = f" (final eval return {final:.1f})" if isinstance(final, (int, float)) else ""
+    return (f"{path} is finished at step {step} of {total_steps}{result}; nothing changed. "
+            f"To extend it: --resume {path} total_steps=N with N > {step}")
 
 
 class RLRun:
@@ -65,20 +124,24 @@ class RLRun:
         self.cfg, self.threads, self.device = cfg, set_torch_threads(cfg.threads), torch.device(cfg.device)
         self.thread_watch = ThreadWatch(limit) if cfg.threads == 0 and self.device.type == "cpu" else None
         self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+        gl_backend()  # a MUJOCO_GL that dm_control cannot import with is one line, not its traceback
         if cfg.video_every:
             use_offscreen_rendering()  # before the first dm_control env is made
         try:
             self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat)
         except UnknownEnvError as err:
             raise ConfigError(f"env: {err}") from None
-        check_fits(sac_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
+        check_fits(agent_class(cfg.agent).memory_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
                    "buffer_size, batch_size, replay_ratio, num_seeds or the hidden widths")
         self.eval_envs = [make_env(cfg.env, eval_env_seed(s), cfg.action_repeat) for s in self.seeds]
         if cfg.video_every:  # fail now, not at the first video, where the env or OpenGL cannot render
             self.eval_envs[0].reset(seed=eval_env_seed(self.seeds[0]))
             render(self.eval_envs[0])
         self.streams = SeedStreams(self.seeds, self.device)
-        self.agent = SAC(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
+        #: told at the start of training and recorded in the summary
+        self.warnings = [w for w in (fall_back_to_eager(cfg, self.device), no_updates(cfg)) if w is not None]
+        self.agent = build_agent(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
+        self.plasticity = PlasticityProbes(self.agent, self.seeds)  # θ₀: before a resume loads its state
         self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device)
         self.step = self.primed = self.diagnosed = self.last_reset = 0
         self.evals: list[dict[str, Any]] = []
@@ -86,6 +149,7 @@ class RLRun:
         self.priming_report: dict[str, dict[str, list[float]]] = {}
         self.wall_time = 0.0
         self.last_info: dict[str, torch.Tensor] = {}
+        self.update_metrics: dict[str, torch.Tensor] = {}  # of the last update before a log (PlasticityProbes)
         self.run_dir: Path | None = None
         self.logger: RunLogger | None = None
         self.postfix: dict[str, str] = {}
@@ -98,8 +162,13 @@ class RLRun:
         return self.run_dir
 
     def open_resume(self, path: Path) -> None:
+        """Load the run in ``path``; a finished one (nothing to do) raises :class:`Finished` before
+        anything is written."""
         self.load_state_dict(reopen_run_dir(self.cfg, path))
         self.run_dir = path
+        done = finished_message(path, self.step, self.cfg.total_steps)
+        if done is not None:
+            raise Finished(done)
         self.logger = RunLogger(path, self.cfg.num_seeds, purge_step=self.step + 1)
 
     def position(self) -> str:

@@ -1,6 +1,6 @@
 """``python -m sac_spectral.train [--config FILE] [--resume RUN_DIR] [key=value ...]``
 
-The RL runner: collects experience with SAC, runs ``replay_ratio`` gradient updates per env step
+The RL runner: collects experience with the configured agent (``agent``: SAC by default), runs ``replay_ratio`` gradient updates per env step
 after ``random_steps`` uniform warm-up steps, evaluates the deterministic policy ``tanh(mean)``
 every ``eval_every`` steps on separately seeded envs, resets the agent on a schedule, logs to
 TensorBoard and checkpoints atomically. With no arguments it runs the embedded default, which is
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from sac_spectral.agents import SAC, ReplayBuffer
+from sac_spectral.agents import Agent, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
-from sac_spectral.agents.probes import DiagnosticsConfig, probe_batch, sac_diagnostics
+from sac_spectral.agents.probes import DiagnosticsConfig, probe_batch, agent_diagnostics
 from sac_spectral.envs.evaluate import eval_seed, evaluate
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
@@ -33,9 +33,11 @@ from sac_spectral.runs.video import frame_schedule, record_episode, video_suffix
 
 __all__ = ["CHECKPOINT_FORMAT", "RESUMABLE_KEYS", "TrainConfig", "Trainer", "check_format", "main"]
 
+#: keys that may change on --resume; ``compile``: the compiled and the eager update share the
+#: agent's parameters and Adam state
 RESUMABLE_KEYS = (
     "total_steps", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress", "threads",
-    *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
+    "compile", *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
 )
 #: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
 #: request and checkpoints (every ``PRIMING_CHECKPOINT`` updates) act between chunks
@@ -44,7 +46,7 @@ PRIMING_CHECKPOINT = 10_000
 
 
 class Rates:
-    """Env steps and updates per second over an interval, restarted on each reading."""
+    """Steps and updates per second over an interval, restarted on each reading."""
 
     def __init__(self, step: int, updates: int) -> None:
         self.restart(step, updates)
@@ -59,7 +61,7 @@ class Rates:
         return rates
 
 
-def log_training(logger: RunLogger, agent: SAC, info: dict[str, torch.Tensor], step: int) -> None:
+def log_training(logger: RunLogger, agent: Agent, info: dict[str, torch.Tensor], step: int) -> None:
     """The last update's metrics, the agent's state metrics and σ_max per layer; a non-finite
     metric ends the run."""
     metrics = {**info, **agent.metrics()}
@@ -77,13 +79,13 @@ def random_policy(seeds: Sequence[int], act_dim: int) -> Callable[[np.ndarray], 
     return lambda obs: np.stack([rng.uniform(-1.0, 1.0, act_dim) for rng in rngs])
 
 
-def log_diagnostics(logger: RunLogger, agent: SAC, buffer: ReplayBuffer, cfg: TrainConfig, seeds: Sequence[int],
+def log_diagnostics(logger: RunLogger, agent: Agent, buffer: ReplayBuffer, cfg: TrainConfig, seeds: Sequence[int],
                     step: int, prefix: str = "") -> dict[str, list[float]]:
     """Log gradient rank, spectra, features and dormant units on a probe batch of its own (under
     ``prefix`` + the usual tags); returns the per-seed scalars."""
     batch, noise = probe_batch(agent, buffer, cfg.diagnostics.batch_size, seeds, agent.num_updates)
     out: dict[str, list[float]] = {}
-    for net, report in sac_diagnostics(agent, batch, noise, cfg.diagnostics).items():
+    for net, report in agent_diagnostics(agent, batch, noise, cfg.diagnostics).items():
         for tag, value in report.scalars.items():
             if step % cfg.log_every == 0 and tag.startswith("spectral/") and tag.endswith("/sigma_max"):
                 continue  # logged with the training metrics at this step (one point per step)
@@ -102,18 +104,21 @@ def _trained(evaluation: dict[str, Any], cfg: TrainConfig) -> bool:
 
 
 def summary(t: Trainer) -> dict[str, Any]:
-    """``summary.json`` of an RL run: final, best and random-policy returns (means and per seed),
-    counts and rates, the evaluation history and the priming diagnostics."""
+    """``summary.json`` of an RL run: final, best (null where no evaluation followed the first
+    update) and random-policy returns (means and per seed), counts — ``steps`` are the agent's
+    actions, ``simulator_steps`` those times ``action_repeat`` — and rates, the warnings of its
+    start, the evaluation history and the priming diagnostics."""
     finals = t.evals[-1]["returns"] if t.evals else [float("nan")] * len(t.seeds)
     trained = [e["returns"] for e in t.evals if _trained(e, t.cfg)]  # evaluations during warm-up don't count
-    best = np.max(trained, axis=0).tolist() if trained else finals
+    best = np.max(trained, axis=0).tolist() if trained else [None] * len(t.seeds)
     randoms = t.random_return or []
     return {
-        "env": t.cfg.env, "seeds": t.seeds, "steps": t.step, "updates": t.agent.num_updates,
-        "priming_updates": t.primed, "wall_time_s": t.wall_time,
+        "env": t.cfg.env, "seeds": t.seeds, "steps": t.step, "simulator_steps": t.step * t.cfg.action_repeat,
+        "updates": t.agent.num_updates, "priming_updates": t.primed, "wall_time_s": t.wall_time,
         "updates_per_s": t.agent.num_updates / max(t.wall_time, 1e-9),
-        "env_steps_per_s": t.step / max(t.wall_time, 1e-9),
-        "final_eval_return": float(np.mean(finals)), "best_eval_return": float(np.mean(best)),
+        "steps_per_s": t.step / max(t.wall_time, 1e-9),
+        "warnings": t.warnings,
+        "final_eval_return": float(np.mean(finals)), "best_eval_return": float(np.mean(best)) if trained else None,
         "random_policy_return": float(np.mean(t.random_return or [float("nan")])),
         "per_seed": [{"seed": s, "final_eval_return": f, "best_eval_return": b, "random_policy_return": r}
                      for s, f, b, r in zip(t.seeds, finals, best, randoms)],
@@ -134,6 +139,8 @@ class Trainer(RLRun):
     # ----------------------------------------------------------------------------- the loop
     def train(self, run: Run) -> None:
         """Act, step the envs, store, learn, and the periodic work, until ``total_steps``."""
+        for warning in self.warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         if self.random_return is None:
             self.random_return = self._evaluate(random_policy(self.seeds, self.pool.act_dim), "random_policy").tolist()
             self.logger.per_seed("eval/random_policy_return", self.random_return, 0)
@@ -177,7 +184,9 @@ class Trainer(RLRun):
         if self._priming_due():
             Priming(self, run).run()
         n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
-        if n > 0:
+        if n > 0 and self.step % self.cfg.log_every == 0:  # the log at this step reports this step's last update
+            self.last_info, self.update_metrics = self.plasticity.train_steps(self.buffer, n, self.cfg.batch_size)
+        elif n > 0:
             self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
 
     def _act(self) -> np.ndarray:
@@ -239,7 +248,8 @@ class Trainer(RLRun):
         for tag, value in self.rates["log"].read(self.step, self.agent.num_updates).items():
             self.logger.scalar(tag, value, self.step)
         self.logger.scalar("perf/threads", torch.get_num_threads(), self.step)
-        log_training(self.logger, self.agent, self.last_info, self.step)
+        log_training(self.logger, self.agent, {**self.last_info, **self.update_metrics, **self.plasticity.weights()}, self.step)
+        self.update_metrics = {}
 
     def _diagnosis_due(self, step: int) -> bool:
         every, updates = self.cfg.diagnostics.every, self.agent.num_updates
@@ -260,7 +270,7 @@ class Trainer(RLRun):
     def headline(self, summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
         return (f"done: {summary['steps']} steps, {summary['updates']} updates in {summary['wall_time_s']:.0f} s; "
                 f"final eval return {summary['final_eval_return']:.1f} (random policy {summary['random_policy_return']:.1f})",
-                {k: summary[k] for k in ("final_eval_return", "best_eval_return", "updates_per_s")})
+                {k: summary[k] for k in ("final_eval_return", "best_eval_return", "updates_per_s") if summary[k] is not None})
 
 
 class Priming:

@@ -1152,6 +1152,74 @@ def resume_name_too_long(ctx: Ctx) -> list[str]:
     return expect_error(ctx.T("--resume", ctx.ws / ("x" * 300)), 2, "--resume", "too long")
 
 
+# ----- runs stopped early, finished runs, runs that train nothing
+def _eval_steps(rd: Path) -> list[int]:
+    """The steps of ``rd/evals.csv`` (one seed: one row per evaluation)."""
+    f = rd / "evals.csv"
+    return [int(line.split(",")[0]) for line in (f.read_text().splitlines()[1:] if f.exists() else []) if line.count(",") == 5]
+
+
+def _kill_after_two_evaluations(ctx: Ctx, rd: Path) -> list[str]:
+    """kill -9 a run once evals.csv holds two evaluations, before its first checkpoint (as a crash
+    between the default first evaluation and first checkpoint does)."""
+    p = ctx.popen(["-m", "sac_spectral.train", *RL, "total_steps=100000", "checkpoint_every=0", "eval_every=25",
+                   f"run_dir={rd}"])
+    deadline = time.monotonic() + 180
+    while p.poll() is None and len(_eval_steps(rd)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    p.kill()
+    p.communicate()
+    return [] if len(_eval_steps(rd)) >= 2 and not (rd / CKPT).exists() else ["the run was not killed after two evaluations"]
+
+
+@attack()
+def resume_after_kill_after_evaluations_before_first_checkpoint(ctx: Ctx) -> list[str]:
+    rd = ctx.path("dead_after_evals_resume")
+    problems = _kill_after_two_evaluations(ctx, rd)
+    problems += expect_ok(ctx.T("--resume", rd, "total_steps=120", "eval_every=60"))
+    if _eval_steps(rd) != [60, 120]:
+        problems.append(f"evals.csv holds steps {_eval_steps(rd)}, expected the restarted run's [60, 120]")
+    return problems
+
+
+@attack()
+def fresh_run_into_dir_killed_after_evaluations(ctx: Ctx) -> list[str]:
+    rd = ctx.path("dead_after_evals_fresh")
+    problems = _kill_after_two_evaluations(ctx, rd)
+    problems += expect_ok(ctx.T(*RL, "total_steps=100", "eval_every=50", f"run_dir={rd}"))
+    if _eval_steps(rd) != [50, 100]:
+        problems.append(f"evals.csv holds steps {_eval_steps(rd)}, expected the new run's [50, 100]")
+    return problems
+
+
+@attack()
+def resume_of_a_finished_run_changes_nothing(ctx: Ctx) -> list[str]:
+    rd = ctx.copy("R", "finished_resume")
+    before, stamps = snapshot(rd), {p: p.stat().st_mtime_ns for p in [rd, *rd.rglob("*")]}
+    p = ctx.T("--resume", rd)
+    problems = expect_ok(p) + unchanged(before, rd)
+    if {q: q.stat().st_mtime_ns for q in [rd, *rd.rglob("*")]} != stamps:
+        problems.append("modification times changed")
+    lines = (p.out + p.err).strip().splitlines()
+    if len(lines) != 1 or "is finished at step 150" not in lines[0]:
+        problems.append(f"expected one line saying the run is finished, got {lines[:3]}")
+    return problems
+
+
+@attack()
+def run_that_does_no_update_says_so(ctx: Ctx) -> list[str]:
+    rd = ctx.path("no_updates")
+    p = ctx.T(*RL, "total_steps=40", f"run_dir={rd}")  # random_steps=50
+    problems = expect_ok(p)
+    warnings = [ln for ln in p.err.splitlines() if ln.startswith("warning:")]
+    if len(warnings) != 1 or "0 updates" not in warnings[0]:
+        problems.append(f"expected one warning of 0 updates, got {warnings}")
+    summary = yaml.safe_load((rd / "summary.json").read_text()) if (rd / "summary.json").exists() else {}
+    if summary.get("updates") != 0 or not summary.get("warnings") or summary.get("best_eval_return") is not None:
+        problems.append("summary.json does not record the 0 updates (updates, warnings, best_eval_return null)")
+    return problems
+
+
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
     return Ctx(tmp_path_factory.mktemp("attacks"))

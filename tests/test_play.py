@@ -2,17 +2,21 @@
 evaluation exactly; bad input fails in one line; videos render off-screen and decode."""
 
 import csv
+import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from conftest import SMALL
 
+from sac_spectral.core.config import ConfigError
 from sac_spectral.envs.evaluate import eval_seed
 from sac_spectral.policy import load_policy, play_episodes
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint
@@ -38,8 +42,8 @@ def run_dir(tmp_path_factory):
 
 def play(*args, env=None):
     """``python -m sac_spectral.play`` in a fresh process (rendering picks its backend at import)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-    env.pop("MUJOCO_GL", None)
+    env = {**{k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           **(env or {})}
     return subprocess.run([sys.executable, "-m", "sac_spectral.play", *map(str, args)], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=600)
 
@@ -123,7 +127,7 @@ def test_load_policy_maps_the_checkpoint_and_keeps_only_the_actor(run_dir, monke
     monkeypatch.setattr(policy_module, "load_checkpoint", spy)
     policy = load_policy(run_dir)
     assert seen["mmap"] is True
-    assert {k.split(".")[0] for k in policy.actor.state_dict()} == {"layers", "heads"}
+    assert {k.split(".")[1] for k in policy.net.state_dict()} == {"layers", "heads"}  # the actor alone
 
 
 @pytest.mark.parametrize(
@@ -135,6 +139,8 @@ def test_load_policy_maps_the_checkpoint_and_keeps_only_the_actor(run_dir, monke
         (["{run}", "--episodes", "0"], "not a positive integer"),
         (["{run}", "--video", "{tmp}/no/such/dir/x.gif"], "no such directory"),
         (["{run}", "--bogus"], "unrecognized arguments"),
+        (["{run}", "--seed", "-5"], "argument --seed: '-5' is not a seed: give an integer in [0, 2147483647]"),
+        (["{run}", "--seed", "2147483648"], "is not a seed"),
     ],
 )
 def test_play_bad_input_is_one_line_and_exit_2(run_dir, tmp_path, capsys, args, fragment):
@@ -232,3 +238,236 @@ def _has_ffmpeg() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _refused(out: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Exit 2 and nothing on stderr but one ``error: …`` line holding every fragment."""
+    err = out.stderr.strip()
+    assert out.returncode == 2 and err.startswith("error: ") and "\n" not in err, (out.returncode, out.stderr)
+    assert all(f in err for f in fragments), err
+    return err
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".gif"])
+@pytest.mark.parametrize("kind", ["directory", "fifo", "link to a device"])
+def test_play_refuses_a_video_path_that_is_not_a_regular_file_before_rendering(run_dir, tmp_path, suffix, kind):
+    video = tmp_path / f"clip{suffix}"
+    if kind == "directory":
+        video.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(video)
+    else:
+        video.symlink_to("/dev/null")
+    out = play(run_dir, "--episodes", "1", "--video", video)
+    _refused(out, str(video), "only a regular file (or a new name) can be written")
+    assert out.stdout == ""  # refused before loading, playing or rendering anything
+    assert [p.name for p in tmp_path.iterdir()] == [video.name]  # no temporary file left
+    assert video.is_dir() if kind == "directory" else video.is_fifo() if kind == "fifo" else video.is_symlink()
+    assert Path("/dev/null").is_char_device()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_play_replaces_a_video_file_and_writes_through_a_link_saying_so(run_dir, tmp_path, suffix):
+    if suffix == ".mp4":
+        pytest.importorskip("imageio_ffmpeg")
+    old = tmp_path / f"old{suffix}"
+    old.write_text("an older video")
+    out = play(run_dir, "--episodes", "1", "--video", old, "--video-size", "32x32")
+    assert out.returncode == 0, out.stderr
+    # 251 frames at 25 fps: 10.04 s of video; how long rendering took is said apart from it
+    line = out.stdout.splitlines()[1]
+    assert f"(video: {old}, 251 frames at 25 fps = 10.0 s of video; rendered in " in line, line
+    assert line.endswith(" s; replaced the existing file)"), line
+    assert len(_gif_frames(old) if suffix == ".gif" else _mp4_frames(old)) == 251
+    # a symbolic link is followed: its target is written (replaced), the link stays
+    target, link = tmp_path / f"target{suffix}", tmp_path / f"link{suffix}"
+    target.write_text("an older video")
+    link.symlink_to(target)
+    out = play(run_dir, "--episodes", "1", "--video", link, "--video-size", "32x32")
+    assert out.returncode == 0, out.stderr
+    assert f"(video: {link}, a link to {os.path.realpath(target)}, 251 frames" in out.stdout and "replaced the existing file)" in out.stdout
+    assert link.is_symlink() and link.resolve() == target
+    assert len(_gif_frames(target) if suffix == ".gif" else _mp4_frames(target)) == 251
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([old.name, target.name, link.name])
+    new = tmp_path / f"new{suffix}"
+    out = play(run_dir, "--episodes", "1", "--video", new, "--video-size", "32x32")
+    assert out.returncode == 0 and "rendered in" in out.stdout and "replaced" not in out.stdout
+
+
+def test_play_refuses_an_unknown_mujoco_gl_in_one_line(run_dir, tmp_path):
+    for value in ("bogus", "EGL"):  # dm_control's names are case-sensitive
+        out = play(run_dir, "--episodes", "1", env={"MUJOCO_GL": value})
+        _refused(out, f"MUJOCO_GL={value!r}", "egl, osmesa, glfw or disable")
+    video = tmp_path / "v.gif"
+    out = play(run_dir, "--episodes", "1", "--video", video, env={"MUJOCO_GL": "bogus"})
+    _refused(out, "MUJOCO_GL='bogus'")
+    assert not video.exists()
+
+
+@pytest.mark.parametrize("video", [["video_every=200"], []], ids=["with-videos", "without-videos"])
+def test_train_refuses_an_unknown_mujoco_gl_in_one_line(tmp_path, video):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MUJOCO_GL": "bogus"}
+    out = subprocess.run([sys.executable, "-m", "sac_spectral.train", *TINY, "total_steps=200", *video,
+                          f"run_dir={tmp_path / 'r'}"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    _refused(out, "MUJOCO_GL='bogus'", "egl, osmesa, glfw or disable")
+
+
+def _osmesa_installed() -> bool:
+    import ctypes
+
+    for name in ["libOSMesa.so", *(f"libOSMesa.so.{i}" for i in range(10))]:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
+
+
+@pytest.mark.skipif(_osmesa_installed(), reason="libOSMesa is installed here")
+def test_play_says_in_one_line_that_osmesa_is_missing(run_dir, tmp_path):
+    for args in ([], ["--video", tmp_path / "v.gif"]):
+        out = play(run_dir, "--episodes", "1", *args, env={"MUJOCO_GL": "osmesa"})
+        _refused(out, "MUJOCO_GL=osmesa needs libOSMesa", "libosmesa6", "MUJOCO_GL=egl")
+
+
+@pytest.mark.parametrize("display", [None, ":12345"])
+def test_play_with_glfw_and_no_display_prints_one_line(run_dir, tmp_path, display):
+    """Without DISPLAY glfw is refused before rendering; with a display that does not answer,
+    rendering fails and only the error line is printed (no warnings, no teardown traceback)."""
+    env = {"MUJOCO_GL": "glfw", "WAYLAND_DISPLAY": ""}
+    out = play(run_dir, "--episodes", "1", "--video", tmp_path / "v.gif", "--video-size", "32x32",
+               env={**env, "DISPLAY": display or ""})
+    _refused(out, "glfw", "MUJOCO_GL=egl")
+    assert not (tmp_path / "v.gif").exists()
+
+
+def _edited_run(run_dir: Path, tmp_path: Path, edit) -> Path:
+    """A copy of ``run_dir`` whose checkpoint ``edit(state)`` changed."""
+    from sac_spectral.runs.checkpoint import load_checkpoint
+
+    copy = tmp_path / "edited"
+    shutil.copytree(run_dir, copy)
+    state = load_checkpoint(copy / CHECKPOINT)
+    edit(state)
+    save_checkpoint(state, copy / CHECKPOINT)
+    return copy
+
+
+def _wider_input(state: dict) -> None:
+    modules = state["agent"]["modules"]
+    modules["actor.layers.0.weight"] = torch.cat([modules["actor.layers.0.weight"]] * 2, dim=2)
+
+
+def _nan_weight(state: dict) -> None:
+    state["agent"]["modules"]["actor.layers.1.weight"][0, 3, 4] = float("nan")
+
+
+def _more_seeds(state: dict) -> None:
+    state["config"]["num_seeds"] = 3
+
+
+@pytest.mark.parametrize(
+    "edit, args, fragments",
+    [
+        (_wider_input, [], ["its actor maps 10 observations to 1 actions", "dmc:cartpole-balance has (5,)"]),
+        (_nan_weight, [], ["1 non-finite value", "layers.1.weight"]),
+        (_more_seeds, ["--seed-index", "2"], ["num_seeds=3", "holds 2"]),
+    ],
+    ids=["wider-input", "nan-weight", "more-seeds"],
+)
+def test_play_refuses_a_hand_edited_checkpoint_in_one_line(run_dir, tmp_path, edit, args, fragments):
+    out = play(_edited_run(run_dir, tmp_path, edit), "--episodes", "1", *args)
+    _refused(out, "checkpoint ", *fragments)
+
+
+def test_act_refuses_observations_that_are_not_finite_float32(run_dir):
+    policy = load_policy(run_dir)
+    with pytest.raises(ValueError, match=r"^observation not finite in float32 at \[2\] \(nan\)$"):
+        policy.act(np.array([0.0, 0.0, np.nan, 0.0, 0.0]))
+    batch = np.zeros((3, 5))
+    batch[1, 0], batch[2, 4] = -np.inf, 1e39  # 1e39 is finite in float64 but overflows float32
+    with pytest.raises(ValueError, match=r"at \[1, 0\] \(-inf\), \[2, 4\] \(1e\+39\)$") as err:
+        policy.act(batch, deterministic=False)
+    assert "\n" not in str(err.value)
+    assert np.isfinite(policy.act(np.full(5, 3e38))).all()
+
+
+def test_play_starts_at_once_however_many_episodes(run_dir, monkeypatch, capsys):
+    """Reset seeds are drawn per episode: a billion episodes print their first lines at once."""
+    import sac_spectral.play as play_module
+
+    class Stop(Exception):
+        pass
+
+    calls = {"seeds": 0, "episodes": 0}
+    real_seed, real_play = play_module.derive_seed, play_module.play_episodes
+
+    def counted_seed(*args):
+        calls["seeds"] += 1
+        if calls["seeds"] > 10:
+            raise Stop("reset seeds drawn ahead of the episodes")
+        return real_seed(*args)
+
+    def two_episodes(*args, **kw):
+        calls["episodes"] += 1
+        if calls["episodes"] > 2:
+            raise Stop("two episodes played")
+        return real_play(*args, **kw)
+
+    monkeypatch.setattr(play_module, "derive_seed", counted_seed)
+    monkeypatch.setattr(play_module, "play_episodes", two_episodes)
+    with pytest.raises(Stop, match="two episodes played"):
+        play_module.main([str(run_dir), "--episodes", "1000000000"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("deterministic, 1000000000 episodes") and lines[1].startswith("episode 1: return ")
+    assert lines[2].startswith("episode 2: return ")
+
+
+def test_load_policy_takes_any_integral_seed_index_and_refuses_others(run_dir):
+    assert load_policy(run_dir, seed_index=np.int64(1)).seed_index == 1
+    assert load_policy(run_dir, seed_index=np.uint8(0)).seed_index == 0
+    for bad in (True, "0", 1.0, None):
+        with pytest.raises(ConfigError, match=r"^seed index .* is not an integer: the run has 2 seeds \(indices 0..1\)$"):
+            load_policy(run_dir, seed_index=bad)
+    with pytest.raises(ConfigError, match=r"^seed index -1 is out of range: the run has 2 seeds \(indices 0..1\)$"):
+        load_policy(run_dir, seed_index=np.int64(-1))
+
+
+@pytest.mark.parametrize("device", ["meta", torch.device("meta"), "tpu", "cuda"])
+def test_load_policy_refuses_a_device_it_cannot_use(run_dir, device):
+    if str(device) == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ConfigError, match=rf"^device: '{device}' is not available here; valid: cpu"):
+        load_policy(run_dir, device=device)
+
+
+def test_a_failed_render_is_one_error_without_a_teardown_report(monkeypatch):
+    """A backend that fails while dm_control makes its context leaves a half-made ``MjrContext``
+    whose ``__del__`` fails too: render raises one ConfigError and nothing reports that ``__del__``."""
+    from sac_spectral.runs.video import render
+
+    class HalfMadeContext:
+        def __init__(self) -> None:
+            raise RuntimeError("an OpenGL platform library has not been loaded into this process")
+
+        def __del__(self) -> None:
+            self._ptr()  # AttributeError, as MjrContext.free() reads the pointer __init__ never set
+
+    class Physics:
+        model = SimpleNamespace(light_castshadow=np.ones(2), mat_reflectance=np.ones(2))
+
+        def render(self, *args, **kwargs):
+            return HalfMadeContext()
+
+    env = SimpleNamespace(_env=SimpleNamespace(physics=Physics()))
+    env.unwrapped = env
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    with pytest.raises(ConfigError, match=r"^rendering failed \(RuntimeError: an OpenGL platform library") as err:
+        render(env)
+    assert "\n" not in str(err.value)
+    del err
+    gc.collect()
+    assert reported == [] and Physics.model.light_castshadow.tolist() == [1, 1]

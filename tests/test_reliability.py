@@ -10,6 +10,9 @@ import os
 import random
 import shutil
 import struct
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -19,15 +22,18 @@ import yaml
 from conftest import SMALL
 
 from sac_spectral import continual, diagnose, train
+from sac_spectral.core import sizes
 from sac_spectral.core.config import ConfigError, read_yaml
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.runs import checkpoint, cli, memory, rundir
+from sac_spectral.rl_run import missing_compiler
+from sac_spectral.runs import checkpoint, cli, layout, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY, dir_kind, run_kind
 from sac_spectral.runs.logger import state_is_finite
-from sac_spectral.studies import sweep
+from sac_spectral.studies import sweep, trial
 from sac_spectral.supervised.datasets import DataError, load_dataset
 from sac_spectral.supervised.learner import ContinualLearner
 
@@ -274,7 +280,7 @@ def test8_impossible_sizes_are_refused_with_the_estimate_before_the_run_dir(tmp_
 
 
 def test8_estimates_match_the_allocations_they_count():
-    from sac_spectral.agents import SAC, ReplayBuffer
+    from sac_spectral.agents import SAC, TD3, ReplayBuffer
     from sac_spectral.core.seeding import SeedStreams
 
     cfg = train.TrainConfig(num_seeds=2, buffer_size=300, batch_size=8)
@@ -282,7 +288,7 @@ def test8_estimates_match_the_allocations_they_count():
     cfg.critic.regularizers, cfg.actor.regularizers = [{"name": "l2_init"}], []
     agent = SAC(5, 2, cfg, SeedStreams([0, 1]))
     buffer = ReplayBuffer(cfg.buffer_size, 5, 2, 2)
-    parts = memory.sac_estimate(cfg, 5, 2)
+    parts = SAC.memory_estimate(cfg, 5, 2)
     assert parts["replay buffer"] == sum(t.numel() * t.element_size() for t in buffer.storage.values())
     actor = sum(p.numel() for p in agent.actor.parameters())
     critic = sum(p.numel() for p in agent.critic.parameters())
@@ -291,11 +297,14 @@ def test8_estimates_match_the_allocations_they_count():
     agent = SAC(5, 2, cfg, SeedStreams([0, 1]))
     actor = sum(p.numel() for p in agent.actor.parameters())
     critic = sum(p.numel() for p in agent.critic.parameters())
-    assert memory.sac_estimate(cfg, 5, 2)["networks and Adam state"] == 4 * (4 * actor + (4 + 1 + 1) * critic)
+    assert SAC.memory_estimate(cfg, 5, 2)["networks and Adam state"] == 4 * (4 * actor + (4 + 1 + 1) * critic)
+    agent = TD3(5, 2, cfg, SeedStreams([0, 1]))  # its target actor counts too
+    actor = sum(p.numel() for p in agent.actor.parameters())
+    assert TD3.memory_estimate(cfg, 5, 2)["networks and Adam state"] == 4 * ((4 + 1) * actor + (4 + 1 + 1) * critic)
     from sac_spectral.supervised.models import build_model
 
     for name, shape in [("mlp", (1, 8, 8)), ("cnn", (3, 16, 16)), ("vit", (3, 16, 16)), ("resnet18", (3, 16, 16))]:
-        params, acts = memory.model_size(lambda: build_model(name, shape, 10, 16, 2), shape)
+        params, acts = sizes.model_size(lambda: build_model(name, shape, 10, 16, 2), shape)
         assert params == sum(p.numel() for p in build_model(name, shape, 10, 16, 2).parameters())
         assert acts > 0
 
@@ -472,6 +481,7 @@ SPECS = {
     "l2": {"coef": 1e-3}, "l2_init": {"coef": 1e-3}, "wasserstein_init": {"coef": 1e-3}, "parseval": {"coef": 1e-3},
     "spectral": {"coef": 1e-3}, "spectral_norm": {}, "shrink_perturb": {"shrink": 0.1, "sigma": 0.01, "every": 7},
     "redo": {"tau": 0.5, "every": 11}, "reset": {"every": 13, "last": 1},
+    "plasticity_injection": {"at_step": 25}, "nap": {}, "cbp": {"replacement_rate": 0.05, "maturity_threshold": 5},
 }
 
 
@@ -483,13 +493,18 @@ def test14_the_spec_table_covers_every_registered_regularizer():
 def test14_every_regularizer_runs_and_resumes_in_the_continual_runner(tmp_path, name):
     spec = "[" + yaml.safe_dump({"name": name, **SPECS[name]}, default_flow_style=True).strip() + "]"
     rd = tmp_path / "run"
-    assert C(*CL, "stream.num_tasks=1", f"regularizers={spec}", f"run_dir={rd}") == 0
+    norm = ["model.norm=layer"] if name == "nap" else []  # NaP needs normalization layers
+    assert C(*CL, *norm, "stream.num_tasks=1", f"regularizers={spec}", f"run_dir={rd}") == 0
     assert C("--resume", rd, "stream.num_tasks=2") == 0
     reg_state = load_checkpoint(rd / CHECKPOINT)["learner"]["regularizers"][0]
     if name == "redo":  # the probe is the training batch, and units were recycled
         assert float(reg_state["recycled"].sum()) > 0
     if name == "reset":
         assert float(reg_state["resets"].sum()) == 40 // 13
+    if name == "plasticity_injection":  # injected after the resume
+        assert float(reg_state["injected"]) == 1.0
+    if name == "cbp":
+        assert float(reg_state["replaced"].sum()) > 0
 
 
 # ----------------------------------------------------------------------------- 15, 16: unstarted runs, temp files
@@ -629,3 +644,124 @@ def test_checkpoint_errors_are_one_line_config_errors(tmp_path):
     with pytest.raises(CheckpointError, match="is a directory"):
         load_checkpoint(tmp_path)
     assert issubclass(CheckpointError, ConfigError)
+
+
+# ----------------------------------------------------------------------------- issue 29: runs stopped early, finished, untrained
+def _kill_after_two_evaluations(rd: Path) -> None:
+    """kill -9 a run (the real CLI) once evals.csv holds two evaluations and before any checkpoint,
+    as a crash between the default first evaluation (10 k) and first checkpoint (25 k) does."""
+    cmd = [sys.executable, "-m", "sac_spectral.train", *RL, "total_steps=100000", "checkpoint_every=0", "eval_every=25",
+           f"run_dir={rd}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while proc.poll() is None and len(read_evals(rd)) < 2:
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        err = proc.communicate()[1]
+    assert len(read_evals(rd)) >= 2 and not (rd / CHECKPOINT).exists(), err
+
+
+def _steps(rd: Path) -> list[int]:
+    return [int(row["step"]) for row in read_evals(rd)]
+
+
+def test29_1_a_run_killed_after_an_evaluation_restarts_without_its_stale_evaluations(tmp_path, capsys):
+    rd, again = tmp_path / "killed", tmp_path / "killed_again"
+    _kill_after_two_evaluations(rd)
+    shutil.copytree(rd, again)
+    old_events = {p.name for p in rd.glob("events.out.tfevents.*")}
+    assert T("--resume", rd, "total_steps=120", "eval_every=60") == 0
+    assert "starting it afresh from its config.yaml" in capsys.readouterr().err
+    assert _steps(rd) == [60, 120] and load_checkpoint(rd / CHECKPOINT)["step"] == 120
+    assert not old_events & {p.name for p in rd.glob("events.out.tfevents.*")}
+    assert T(*RL, "total_steps=100", "eval_every=50", f"run_dir={again}") == 0
+    assert "held a run stopped before its first checkpoint" in capsys.readouterr().err
+    assert _steps(again) == [50, 100]
+
+
+def test29_1_one_definition_of_what_a_run_writes_before_its_first_checkpoint(finished, tmp_path):
+    """Runs and sweeps agree: config, events, evals.csv, videos and temporary files, nothing else."""
+    rd = _unstarted(finished["rl"], tmp_path)
+    (rd / "evals.csv").write_text("step,seed,updates,return,episodes,wall_time_s\n25,0,0,1.5,1,0.1\n")
+    (rd / ".evals.csv.tmp").write_text("")
+    (rd / "videos").mkdir()
+    for name in ("step_00000025.mp4", "step_00000025.gif", ".step_00000050.mp4.x1y2.mp4", ".step_00000050.gif.x1.tmp"):
+        (rd / "videos" / name).write_bytes(b"frames")
+    assert trial.written_by_a_run is layout.written_by_a_run
+    assert layout.written_by_a_run(rd) and rundir.is_unstarted_run_dir(rd, train.TrainConfig)
+    (rd / "videos" / "mine.mp4").write_bytes(b"my video")
+    assert not layout.written_by_a_run(rd) and not rundir.is_unstarted_run_dir(rd, train.TrainConfig)
+    (rd / "videos" / "mine.mp4").unlink()
+    assert T("--resume", rd, "total_steps=60") == 0
+    assert not (rd / "videos").exists() and _steps(rd) == [60] and not (rd / ".evals.csv.tmp").exists()
+
+
+@pytest.mark.parametrize("cxx", ["/nonexistent/g++", ""], ids=["missing", "empty"])
+def test29_2_compile_without_a_compiler_runs_eager_and_says_so_in_one_line(tmp_path, cxx):
+    rd = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "sac_spectral.train", *RL, "compile=true", "total_steps=60", f"run_dir={rd}"],
+                          cwd=ROOT, env={**os.environ, "CXX": cxx}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "compile" in line and not line.startswith(START_LINES)]
+    assert len(notes) == 1 and notes[0].startswith("warning: compile=true needs a C++ compiler (none found: "), notes
+    assert notes[0].endswith("; running eager")
+    summary = json.loads((rd / SUMMARY).read_text())
+    assert summary["updates"] == 10 and summary["warnings"] == [notes[0].removeprefix("warning: ")]
+    assert read_yaml(rd / "config.yaml")["compile"] is False
+
+
+def test29_2_a_working_compiler_is_found():
+    if shutil.which(os.environ.get("CXX") or "g++") is None:
+        pytest.skip("no C++ compiler on this machine")
+    assert missing_compiler() is None
+
+
+def test29_3_compile_may_change_on_resume(tmp_path):
+    if missing_compiler() is not None:
+        pytest.skip("no C++ compiler: compile=true runs eager")
+    rd = tmp_path / "run"
+    assert T(*RL, "compile=true", "total_steps=50", f"run_dir={rd}") == 0  # warm-up only: nothing compiled yet
+    assert load_checkpoint(rd / CHECKPOINT)["config"]["compile"] is True
+    assert T("--resume", rd, "compile=false", "total_steps=70") == 0
+    state = load_checkpoint(rd / CHECKPOINT)
+    assert state["config"]["compile"] is False and state["agent"]["num_updates"] == 20
+    assert read_yaml(rd / "config.yaml")["compile"] is False
+
+
+def test29_4_resume_of_a_finished_run_says_so_and_changes_nothing(rl_run, capsys):
+    def stamps() -> dict[Path, tuple[int, int]]:
+        return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in [rl_run, *rl_run.rglob("*")]}
+
+    before, contents = stamps(), snapshot(rl_run)
+    final = json.loads((rl_run / SUMMARY).read_text())["final_eval_return"]
+    for extra in ([], ["total_steps=150", "progress=true", "eval_episodes=3"]):
+        assert T("--resume", rl_run, *extra) == 0
+        out = capsys.readouterr()
+        lines = (out.out + out.err).strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"{rl_run} is finished at step 150 of 150"), lines
+        assert f"final eval return {final:.1f}" in lines[0] and "total_steps=" in lines[0]
+        assert stamps() == before and snapshot(rl_run) == contents
+    assert T("--resume", rl_run, "total_steps=160") == 0  # a larger total_steps extends it, as before
+    assert json.loads((rl_run / SUMMARY).read_text())["steps"] == 160
+
+
+def test29_5_a_run_that_does_no_update_says_so_at_start_and_in_its_summary(tmp_path, capsys):
+    rd = tmp_path / "run"
+    assert T(*RL, "total_steps=40", "eval_every=20", f"run_dir={rd}") == 0  # random_steps=50
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert warnings == ["warning: total_steps=40 <= random_steps=50: this run does 0 updates (only random warm-up); "
+                        "lower random_steps to train"]
+    summary = json.loads((rd / SUMMARY).read_text())
+    assert summary["updates"] == 0 and summary["warnings"] == [warnings[0].removeprefix("warning: ")]
+    assert summary["best_eval_return"] is None and summary["per_seed"][0]["best_eval_return"] is None
+    assert summary["final_eval_return"] == summary["eval_history"][-1]["returns"][0]
+
+
+def test29_6_a_step_is_an_agent_step_and_simulator_steps_are_named_so(tmp_path, capsys):
+    rd = tmp_path / "run"
+    assert T(*RL, "action_repeat=4", "total_steps=60", f"run_dir={rd}") == 0
+    assert "60 steps (240 simulator steps at action_repeat 4)" in capsys.readouterr().err
+    summary = json.loads((rd / SUMMARY).read_text())
+    assert summary["steps"] == 60 and summary["simulator_steps"] == 240
+    assert "steps_per_s" in summary and "env_steps_per_s" not in summary

@@ -1,8 +1,9 @@
 """A sweep on a running two-node Ray cluster (``--address``), both nodes on this machine, with Ray's
 token authentication as ``ray start --head`` turns it on where ``~/.ray/auth_token`` exists (Ray
 >= 2.59): every command gets RAY_AUTH_MODE=token, as the docs say. The trials' entries in
-``status.json`` name the Ray node each ran on."""
+``status.json`` name the Ray node each ran on. The docs' way to stop a node ends that node and no other."""
 
+import contextlib
 import json
 import os
 import secrets
@@ -83,6 +84,65 @@ def two_nodes(tmp_path_factory):
                 proc.kill()
                 proc.wait()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def documented(prefix: str) -> str:
+    """The command of the cluster recipe in docs/studies.md that starts with ``prefix``."""
+    recipe = (ROOT / "docs" / "studies.md").read_text().split("## On a cluster", 1)[1].split("```bash\n", 1)[1]
+    return next(line for line in recipe.split("```", 1)[0].splitlines() if line.startswith(prefix)).split("#")[0].strip()
+
+
+def processes() -> dict[int, int]:
+    """The parent of every process now, by pid (from /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return parents
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it now."""
+    parents, found, todo = processes(), set(), [pid]
+    while todo:
+        here = todo.pop()
+        found.add(here)
+        todo += [child for child, parent in parents.items() if parent == here]
+    return found
+
+
+def test_the_documented_stop_ends_the_node_it_started_and_no_other(tmp_path, two_nodes):
+    """docs/studies.md: `ray start --head ... --block &` with its pid recorded, then `kill` of that pid,
+    stops every process of that node within seconds; the other cluster on this machine keeps both nodes."""
+    env, other = two_nodes
+    port = free_port()
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp" if os.path.isdir("/tmp") else None))
+    own = (f"--temp-dir {ray_tmp} --num-cpus 1 --include-dashboard=false --disable-usage-stats "
+           f"--dashboard-agent-listen-port={free_port()} --block")
+    start = documented("ray start --head").replace("ray start", f"{RAY} start", 1).replace("6379", str(port))
+    subprocess.run(["bash", "-c", start.replace("--block", own)], cwd=tmp_path, env=env, check=True, timeout=60,
+                   start_new_session=True)
+    pid = int((tmp_path / "ray-node.pid").read_text())
+    try:
+        deadline = time.monotonic() + 60
+        while "node_" not in ray_status(env, f"127.0.0.1:{port}"):
+            assert time.monotonic() < deadline and pid in processes(), (tmp_path / "ray-node.log").read_text()[-2000:]
+            time.sleep(1)
+        node = descendants(pid)
+        assert len(node) > 2, node  # ray start, the GCS, the raylet, ...
+        subprocess.run(["bash", "-c", documented("kill ")], cwd=tmp_path, env=env, check=True, timeout=60)
+        deadline = time.monotonic() + 60
+        while node & processes().keys():
+            assert time.monotonic() < deadline, f"still running after the documented stop: {node & processes().keys()}"
+            time.sleep(1)
+    finally:
+        for leftover in descendants(pid) & processes().keys():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(leftover, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert ray_status(env, other).count(" node_") == 2
 
 
 def test_two_node_cluster_runs_trials_on_both_nodes(tmp_path, two_nodes):

@@ -1,10 +1,19 @@
 """The sweep on bad or damaged inputs, without starting Ray: names that would escape ``--out``,
 directories it did not create, a second sweep process, a garbage ``summary.json`` or ``status.json``,
-and env ids gymnasium registers but cannot build are one-line errors or safe rebuilds."""
+env ids gymnasium registers but cannot build, and a Ray address where no cluster answers are one-line
+errors or safe rebuilds."""
 
 import fcntl
 import importlib.util
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -152,3 +161,104 @@ def test_dry_run_of_an_env_gymnasium_cannot_build_is_one_line(tmp_path, capsys, 
     # make_env reports the id and the cause (UnknownEnvError); the dry run names it in one line
     assert line.startswith(f"error: env: '{env}' cannot be built here (") and "cannot be built" in line
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- --address
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sweep_cli(tmp_path: Path, address: str, code: str = "") -> subprocess.Popen:
+    """``python -m sac_spectral.sweep`` (after ``code``, if any) on a tiny sweep with ``--address``."""
+    cfg = write_sweep(tmp_path / "tiny.yaml")
+    argv = ["--config", str(cfg), "--out", str(tmp_path / "out"), "--address", address, "--no-progress"]
+    main = ["-m", "sac_spectral.sweep"] if not code else ["-c", f"{code}; import sys; from sac_spectral.runs.cli import run_cli; "
+                                                                "sys.exit(run_cli(sweep.main, sys.argv[1:]))"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    # a shell may have left SIGINT ignored (a background job); Ctrl-C must reach the sweep as in a terminal
+    return subprocess.Popen([sys.executable, *main, *argv], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def one_line_exit(proc: subprocess.Popen, timeout: float, ray_warnings: bool = False) -> tuple[int, str]:
+    """The exit code and the one ``error:`` line of ``proc``, the last and, unless ``ray_warnings`` (Ray's
+    C++ core logs its retries while it connects), the only line on stderr; ``proc`` is killed on a timeout."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = err.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == lines[-1:] and (ray_warnings or len(lines) == 1), err[-2000:]
+    return proc.returncode, lines[-1]
+
+
+@pytest.mark.parametrize("address,says", [
+    ("127.0.0.1:{port}", "nothing accepts a connection at the Ray address 127.0.0.1:{port} ("),
+    ("ray://127.0.0.1:{port}", "nothing accepts a connection at the Ray address ray://127.0.0.1:{port} ("),
+    ("nosuchhost.invalid:6379", "cannot resolve the host of the Ray address nosuchhost.invalid:6379 ("),
+    ("nosuchhost.invalid", "is not auto, HOST:PORT or ray://HOST:PORT"),
+    ("127.0.0.1:99999", "is not auto, HOST:PORT or ray://HOST:PORT"),
+])
+def test_an_address_where_no_cluster_can_answer_is_one_line_within_seconds(tmp_path, address, says):
+    port = free_port()
+    start = time.monotonic()
+    code, line = one_line_exit(sweep_cli(tmp_path, address.format(port=port)), timeout=60)
+    assert code == 2 and says.format(port=port) in line, line
+    assert time.monotonic() - start < 30, "refused only after Ray's own retries"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A port that accepts connections and never answers (another service, not a Ray GCS), on every
+    interface: Ray dials the node's IP for 127.0.0.1. Yields the port and the connections so far."""
+    server = socket.create_server(("", 0))
+    server.settimeout(0.2)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    for conn in [*accepted, server]:
+        conn.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_while_ray_connects_ends_the_sweep_at_once(tmp_path, silent_port, sig):
+    pytest.importorskip("ray")
+    port, accepted = silent_port
+    proc = sweep_cli(tmp_path, f"127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    while len(accepted) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)  # the sweep's own check connects first, then Ray's
+    connecting = len(accepted) >= 2
+    proc.send_signal(sig)
+    code, line = one_line_exit(proc, timeout=10, ray_warnings=True)
+    assert connecting
+    assert code == 128 + sig and f"interrupted while connecting to the Ray cluster at 127.0.0.1:{port}" in line
+
+
+def test_a_port_where_no_ray_cluster_answers_is_refused_after_a_timeout(tmp_path, silent_port):
+    pytest.importorskip("ray")
+    port, _ = silent_port
+    proc = sweep_cli(tmp_path, f"127.0.0.1:{port}", "from sac_spectral.studies import sweep; sweep.CONNECT_TIMEOUT_S = 3")
+    code, line = one_line_exit(proc, timeout=60, ray_warnings=True)
+    assert code == 2 and f"no Ray cluster answered at 127.0.0.1:{port} within 3 s" in line, line

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-EVALS = "evals.csv"
+from sac_spectral.runs.layout import EVALS
+
 RL_COLUMNS = ("step", "seed", "updates", "return", "episodes", "wall_time_s")
 CONTINUAL_COLUMNS = ("task", "iteration", "seed", "train_acc", "test_acc", "loss", "test_loss", "wall_time_s")
 INTEGER_COLUMNS = frozenset({"step", "seed", "updates", "episodes", "task", "iteration"})

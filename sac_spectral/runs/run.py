@@ -46,6 +46,11 @@ class NonFinite(RunEnd):
     """A non-finite loss, parameter or optimizer state: stop, keep the last good checkpoint (exit 1)."""
 
 
+class Finished(Exception):
+    """Raised by a loop's ``open_resume`` for a run that is already done: :meth:`Run.main` prints
+    its one-line message and exits with 0, nothing written."""
+
+
 class Stopped(RunEnd):
     """SIGINT/SIGTERM: checkpoint and say how to resume (exit 128 + the signal)."""
 
@@ -105,7 +110,8 @@ class Loop(Protocol):
 
     def open_new(self) -> Path: ...
 
-    def open_resume(self, path: Path) -> None: ...
+    def open_resume(self, path: Path) -> None:
+        """Load the run in ``path`` (it may raise :class:`Finished`)."""
 
     def position(self) -> str: ...
 
@@ -250,7 +256,8 @@ class Run:
              build: Callable[[T], Loop], argv: Sequence[str] | None = None) -> int:
         """Parse ``argv``, resolve the config, open a fresh, restarted or resumed run and execute it
         under :class:`GracefulStop`; returns the exit code (config errors propagate as ConfigError).
-        The run directory and a one-line summary of the config are printed before anything runs."""
+        The run directory and a one-line summary of the config are printed before anything runs;
+        a resumed run that is already finished prints one line and changes nothing."""
         args = parse_cli(build_parser(f"python -m {module}", description, config), argv, ("--config", "--resume"))
         resolved = resolve_config(config, args, resumable)
         cfg = resolved.cfg
@@ -265,7 +272,11 @@ class Run:
                     cfg.run_dir = str(resolved.resume_dir)
                     loop.open_new()
                 else:
-                    _open_resumed(loop, cfg, resolved.resume_dir)
+                    try:
+                        _open_resumed(loop, cfg, resolved.resume_dir)
+                    except Finished as done:
+                        print(done)
+                        return 0
                     print(f"resuming {resolved.resume_dir} at {loop.position()}", file=sys.stderr)
                 print(f"config: {loop.describe()}", file=sys.stderr, flush=True)
                 code = cls(module, loop, stop).execute()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import re
 import stat
 import sys
 from datetime import datetime
@@ -23,25 +22,30 @@ from sac_spectral.core.config import (
     to_dict,
 )
 from sac_spectral.runs.checkpoint import NO_SPACE, atomic_write, load_checkpoint
-from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY
+from sac_spectral.runs.layout import (
+    CHECKPOINT,
+    CONFIG_FILE,
+    EVALS,
+    EVENTS,
+    SUMMARY,
+    TEMP_FILE,
+    VIDEO_FILE,
+    VIDEOS,
+    written_by_a_run,
+)
 from sac_spectral.core.config import flatten
 
 #: errno values that mean a path cannot be used by this process (bad input, not an I/O failure)
 UNUSABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
 
 
-_STALE = re.compile(r"^\.(latest\.pt|config\.yaml|summary\.json)\..+\.tmp$")
-
-
-_EVENTS = "events.out.tfevents."
-
-
 _LOCKS: dict[Path, int] = {}
 
 
 def stale_temp_files(run_dir: Path) -> list[Path]:
-    """Temporary files of interrupted atomic writes (a kill -9 during a checkpoint write)."""
-    return [p for d in (run_dir, run_dir / CHECKPOINT.parent) if d.is_dir() for p in d.iterdir() if _STALE.match(p.name)]
+    """Temporary files of interrupted atomic writes (a kill -9 during a write of the checkpoint,
+    ``config.yaml``, ``summary.json`` or ``evals.csv``)."""
+    return [p for d in (run_dir, run_dir / CHECKPOINT.parent) if d.is_dir() for p in d.iterdir() if TEMP_FILE.match(p.name)]
 
 
 def remove_stale_temp_files(run_dir: Path) -> None:
@@ -52,23 +56,27 @@ def remove_stale_temp_files(run_dir: Path) -> None:
 def is_unstarted_run_dir(path: Path, cls: type) -> bool:
     """A run directory whose run was stopped (e.g. by kill -9) before its first checkpoint: a
     ``config.yaml`` as a run of config class ``cls`` writes it (every key; a hand-written file
-    never counts), TensorBoard events and stale temporary files; no checkpoint, no summary."""
+    never counts) and nothing else but what such a run writes (:func:`written_by_a_run`: events,
+    evaluations, videos, temporary files); no checkpoint, no summary."""
     if not path.is_dir() or not (path / CONFIG_FILE).is_file():
         return False
     try:
         written = flatten(read_yaml(path / CONFIG_FILE))
     except ConfigError:
         return False
-    if set(written) != set(flatten(to_dict(cls()))):
-        return False
-    stale = set(stale_temp_files(path))
-    for p in path.iterdir():
-        if p.name == CHECKPOINT.parent.name and p.is_dir():
-            if any(q not in stale for q in p.iterdir()):
-                return False
-        elif not (p.name == CONFIG_FILE or p.name.startswith(_EVENTS) or p in stale):
-            return False
-    return True
+    return set(written) == set(flatten(to_dict(cls()))) and written_by_a_run(path)
+
+
+def clear_unstarted_run_dir(path: Path) -> None:
+    """Remove what a run stopped before its first checkpoint left in ``path`` but its
+    ``config.yaml`` (rewritten by the restart): its events, evaluations (their rows would mix with
+    the restart's), videos and temporary files."""
+    videos = path / VIDEOS
+    for p in [*path.glob(f"{EVENTS}*"), path / EVALS, *stale_temp_files(path),
+              *(q for q in (videos.iterdir() if videos.is_dir() else ()) if VIDEO_FILE.match(q.name))]:
+        p.unlink(missing_ok=True)
+    if videos.is_dir():
+        videos.rmdir()
 
 
 def unusable(what: str, path: Path, err: OSError, use: str = "used") -> ConfigError:
@@ -151,8 +159,9 @@ def _make_dirs(path: Path) -> list[Path]:
 def open_run_dir(cfg: Any, default_name: str, root: str = "runs") -> Path:
     """Create a fresh run directory — ``cfg.run_dir``, or ``<root>/<default_name>__<time>`` stored
     back into ``cfg`` — refusing a non-empty one, lock it and write the resolved ``config.yaml`` into
-    it. A directory that holds only a run stopped before its first checkpoint is reused (its events
-    and temporary files are removed). If ``config.yaml`` cannot be written, what was created is removed."""
+    it. A directory that holds only a run stopped before its first checkpoint is reused (what that
+    run wrote is removed, :func:`clear_unstarted_run_dir`). If ``config.yaml`` cannot be written,
+    what was created is removed."""
     if cfg.run_dir is None:
         cfg.run_dir = str(Path(root) / f"{default_name}__{datetime.now():%Y%m%d-%H%M%S}")
     if not str(cfg.run_dir).strip():
@@ -165,8 +174,7 @@ def open_run_dir(cfg: Any, default_name: str, root: str = "runs") -> Path:
         if check_new_run_dir(path, type(cfg)):  # under the lock: nobody else is using it
             if not reuse:
                 raise ConfigError(f"run_dir '{path}' was filled by another process; choose another run_dir")
-            for p in [*path.glob(f"{_EVENTS}*"), *stale_temp_files(path)]:
-                p.unlink()
+            clear_unstarted_run_dir(path)
             print(f"note: {path} held a run stopped before its first checkpoint; starting afresh in it", file=sys.stderr)
         write_config(cfg, path)
     except BaseException as err:

@@ -13,8 +13,12 @@ import argparse
 import fcntl
 import logging
 import os
+import select
 import signal
+import socket
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,9 @@ from sac_spectral.studies.status import Status, read_status
 from sac_spectral.studies.trial import run_trial, trial_state
 
 CODE_ROOT = str(Path(sac_spectral.__file__).resolve().parents[1])
+#: seconds for the port of ``--address`` to accept a connection, and then for Ray to connect
+REACH_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 90.0  # Ray refuses a missing auth token after ≈ 20 s
 
 
 def _spec(sweep: Sweep, root: Path, trial: Trial) -> dict[str, Any]:
@@ -66,7 +73,6 @@ def _start_ray(address: str | None, num_cpus: int | None) -> bool:
     ray.cloudpickle.register_pickle_by_value(trial_module)
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS")
     if address and num_cpus is not None:
         raise ConfigError("--num-cpus sizes a local Ray instance; a cluster (--address) has its own")
     if address:
@@ -87,7 +93,7 @@ def _connect(ray: Any, address: str) -> None:
     sends its token only with RAY_AUTH_MODE=token, which the sweep leaves to the user, as Ray does,
     so that a local token never goes to another cluster unasked."""
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        _init_watched(ray, address)
     except ConnectionError as err:
         mode = os.environ.get("RAY_AUTH_MODE")
         cause = ("check that RAY_AUTH_TOKEN or ~/.ray/auth_token here holds the cluster's token" if mode == "token" else
@@ -96,6 +102,68 @@ def _connect(ray: Any, address: str) -> None:
                  "for every `ray start` and for this command")
         raise ConfigError(f"cannot connect to the Ray cluster at {address} ({one_line(err)}; RAY_AUTH_MODE="
                           f"{mode or 'unset'}); {cause}") from None
+
+
+def _check_address(address: str) -> None:
+    """Refuse an address other than ``auto``, ``HOST:PORT`` and ``ray://HOST:PORT``, whose host does
+    not resolve or whose port accepts no connection within REACH_TIMEOUT_S, in one line (``ray.init``
+    would retry it for minutes, deaf to Ctrl-C)."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or "://" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"the Ray address '{address}' (--address or RAY_ADDRESS) is not auto, HOST:PORT or "
+                          "ray://HOST:PORT (PORT 1-65535); leave both unset for a local Ray instance")
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except socket.gaierror as err:
+        raise ConfigError(f"cannot resolve the host of the Ray address {address} ({err.strerror}); "
+                          "check the head node's name or IP") from None
+    except OSError as err:
+        option = "--ray-client-server-port" if address.startswith("ray://") else "--port"
+        raise ConfigError(f"nothing accepts a connection at the Ray address {address} ({err.strerror or 'timed out'}); "
+                          f"check that the head node runs `ray start --head {option}={port}` and that no firewall "
+                          "blocks the port") from None
+
+
+def _init_watched(ray: Any, address: str) -> None:
+    """``ray.init(address)``; it blocks in Ray's C++ core, where no Python signal handler runs, so a
+    thread woken through the signal wake-up fd ends the process at once on SIGINT or SIGTERM
+    (128 + signal), and with exit code 2 when Ray has not connected within CONNECT_TIMEOUT_S."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write)
+    watcher = threading.Thread(target=_watch, args=(read, address), daemon=True)
+    watcher.start()
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.write(write, b"\0")  # no signal has number 0: ray.init returned
+        watcher.join()
+        os.close(read)
+        os.close(write)
+
+
+def _watch(fd: int, address: str) -> None:
+    """Wait for :func:`_init_watched`'s end (a 0 byte on ``fd``), a signal, or the deadline."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        for sig in os.read(fd, 64):
+            if sig == 0:
+                return
+            if sig in (signal.SIGINT, signal.SIGTERM):
+                _exit_now(128 + sig, f"interrupted while connecting to the Ray cluster at {address}; no trial started")
+    _exit_now(2, f"no Ray cluster answered at {address} within {CONNECT_TIMEOUT_S:g} s; check that its port is the "
+                 "head's `ray start --head --port` (default 6379; ray://: 10001), not the dashboard's (8265) or "
+                 "another service's")
+
+
+def _exit_now(code: int, message: str) -> None:
+    """End the process from any thread, with one ``error:`` line."""
+    os.write(2, f"error: {message}\n".encode())
+    os._exit(code)
 
 
 def _check_capacity(res: Resources) -> None:
@@ -245,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="runs", help="parent folder of the sweep's directory (default: runs)")
     parser.add_argument("--dry-run", action="store_true", help="list the trials and their estimated cost; run nothing")
     parser.add_argument("--retry-failed", action="store_true", help="run failed trials again (resuming any checkpoint)")
-    parser.add_argument("--address", help="a running Ray cluster (e.g. auto or HOST:6379; default: $RAY_ADDRESS, else a local instance)")
+    parser.add_argument("--address", help="a running Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a local instance)")
     parser.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: all)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="sweep file overrides, e.g. seeds=[0,1] base.total_steps=1000")
@@ -256,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (root / SWEEP_FILE).is_file():
             check_compatible(sweep, yaml_load((root / SWEEP_FILE).read_text()) or {}, root)
         return dry_run(sweep, root, args.retry_failed, args.num_cpus)
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        _check_address(address)
     _check_dir(sweep, root)
     root.mkdir(parents=True, exist_ok=True)
     # The lock comes first: a second sweep process on this directory is refused before it writes.
@@ -266,4 +337,4 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"another sweep process is running on {root}") from None
         _check_dir(sweep, root)
         _write_spec(sweep, root)
-        return run_sweep(sweep, root, args.retry_failed, args.address, args.num_cpus, not args.no_progress)
+        return run_sweep(sweep, root, args.retry_failed, address, args.num_cpus, not args.no_progress)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -25,13 +24,9 @@ from typing import Any
 
 import yaml
 
-from sac_spectral.runs.evals import EVALS
-from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY, run_kind
+from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY, run_kind, written_by_a_run
 from sac_spectral.studies.spec import RUNNERS
 
-EVENTS = "events.out.tfevents."
-#: temporary files of atomic writes (``.latest.pt.<id>.tmp``, ``.evals.csv.tmp``, …)
-TEMP_FILE = re.compile(r"^\..+\.tmp$")
 # The trial's process is started through this launcher: it asks Linux to send it SIGTERM when its
 # parent (the Ray worker) dies, so that no trial outlives its sweep, however the sweep ends (the
 # runner checkpoints and stops on SIGTERM), then replaces itself with the runner (exec keeps that).
@@ -69,18 +64,6 @@ def trial_state(run_dir: Path) -> str:
     if finished(run_dir):
         return "done"
     return "resume" if (run_dir / CHECKPOINT).is_file() else "fresh"
-
-
-def written_by_a_run(run_dir: Path) -> bool:
-    """``run_dir`` holds nothing but what a run stopped before its first checkpoint writes: its
-    config, TensorBoard events, evaluations and temporary files of atomic writes."""
-    for p in run_dir.iterdir():
-        if p.name == CHECKPOINT.parent.name and p.is_dir():
-            if any(not TEMP_FILE.match(q.name) for q in p.iterdir()):
-                return False
-        elif not (p.is_file() and (p.name in (CONFIG_FILE, EVALS) or p.name.startswith(EVENTS) or TEMP_FILE.match(p.name))):
-            return False
-    return True
 
 
 def trial_command(spec: Mapping[str, Any], state: str) -> list[str]:
