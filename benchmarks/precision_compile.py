@@ -32,7 +32,7 @@ VARIANTS = {
 def autocast_losses(agent: SAC) -> None:
     """Run ``agent``'s (fp32) loss functions under bf16 autocast."""
     autocast = torch.autocast(agent.log_alpha.device.type, torch.bfloat16)
-    agent._critic_loss, agent._actor_loss = autocast(agent._critic_loss), autocast(agent._actor_loss)
+    agent.critic_step, agent.actor_step = autocast(agent.critic_step), autocast(agent.actor_step)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import torch
 from sac_spectral.core.config import ConfigError, to_dict
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.core.seeding import derive_seed
+from sac_spectral.core.sizes import FLOAT32, model_size
 from sac_spectral.regularizers import build_regularizers
 from sac_spectral.runs.cli import (
     recorded_config,
@@ -31,12 +32,7 @@ from sac_spectral.runs.cli import (
 from sac_spectral.runs.evals import append_task_evals
 from sac_spectral.runs.layout import SUMMARY_TASKS
 from sac_spectral.runs.logger import RunLogger, state_is_finite
-from sac_spectral.runs.memory import (
-    FLOAT32,
-    check_fits,
-    model_size,
-    supervised_estimate,
-)
+from sac_spectral.runs.memory import check_fits, supervised_estimate
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 from sac_spectral.supervised.config import DTYPES, ContinualConfig, run_tag

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from sac_spectral.agents import SAC, ReplayBuffer
+from sac_spectral.agents import Agent, ReplayBuffer, build_agent
 from sac_spectral.agents.config import TrainConfig
-from sac_spectral.agents.probes import probe_batch, sac_diagnostics
+from sac_spectral.agents.probes import probe_batch, agent_diagnostics
 from sac_spectral.core.config import ConfigError, merge_sources, one_line, read_yaml
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.threads import check_threads
@@ -39,7 +39,7 @@ from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, run_kind
 
 
-def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
+def load_run(run_dir: Path) -> tuple[TrainConfig, Agent, ReplayBuffer, int]:
     """The run's config (as its checkpoint recorded it), its agent and replay buffer as saved, and
     the update count."""
     if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / CHECKPOINT).is_file():
@@ -62,7 +62,7 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, SAC, ReplayBuffer, int]:
         data = state["buffer"]["data"]
         obs_dim, act_dim = data["obs"].shape[-1], data["action"].shape[-1]
         seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
-        agent = SAC(obs_dim, act_dim, cfg, SeedStreams(seeds))
+        agent = build_agent(obs_dim, act_dim, cfg, SeedStreams(seeds))
         agent.load_full_state_dict(state["agent"])
         size = int(state["buffer"]["size"])
     except ConfigError:
@@ -104,7 +104,7 @@ def check_plot_format(path: Path) -> None:
         raise ConfigError(f"--plot {path}: {problem}; valid extensions: {', '.join(sorted(formats))}")
 
 
-def per_seed(agent: SAC, reports: dict[str, Report]) -> dict[str, list[float]]:
+def per_seed(agent: Agent, reports: dict[str, Report]) -> dict[str, list[float]]:
     """Tag → one value per seed."""
     return {
         tag: agent.per_seed(net, value).reshape(-1).tolist()
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dcfg.validate()
     seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
     batch, noise = probe_batch(agent, buffer, dcfg.batch_size, seeds, updates)
-    reports = sac_diagnostics(agent, batch, noise, dcfg)
+    reports = agent_diagnostics(agent, batch, noise, dcfg)
     values = per_seed(agent, reports)
     print(f"{args.run_dir}: {updates} updates, probe batch of {batch['obs'].shape[1]} transitions, "
           f"dormant τ = {dcfg.tau}; one column per seed ({', '.join(map(str, seeds))})")

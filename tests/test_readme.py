@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sac_spectral.agents import AGENTS
 from sac_spectral.regularizers.registry import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +66,11 @@ def test_snippet_runs(name, code, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
     if QUICK_RUN in code:  # the quick tour's snippet loads the run its commands made
         (tmp_path / "runs").symlink_to(request.getfixturevalue("quick_tour") / "runs")
-    registered = dict(REGISTRY)
+    registered, agents = dict(REGISTRY), dict(AGENTS)
     try:
         exec(compile(code, name, "exec"), {"__name__": "readme"})
-    finally:
+    finally:  # a snippet that registers an example method or agent leaves no trace
         REGISTRY.clear()
-        REGISTRY.update(registered)  # a snippet that registers an example method leaves no trace
+        REGISTRY.update(registered)
+        AGENTS.clear()
+        AGENTS.update(agents)

@@ -225,8 +225,9 @@ def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
     ref = copy.deepcopy(agent)
     g = torch.Generator().manual_seed(3)
     batch, noise = random_batch(b=32, gen=g), torch.randn(1, 32, 2, generator=g)
-    loss, _ = agent._critic_loss(batch, noise)
-    (loss.sum() + agent.critic_regs[0].penalty()).backward()
+    with agent.precision.forward():
+        loss, _ = agent.critic_step(batch, noise.unsqueeze(0))
+    (loss + agent.critic_regs[0].penalty()).backward()
     agent.precision.collect_grads("critic")
     with torch.autocast("cpu", torch.bfloat16):
         ref_losses, _ = ref.critic_losses(batch, noise)
@@ -335,7 +336,7 @@ def test_diagnostics_differentiate_the_losses_the_update_minimizes():
     with torch.no_grad():
         per_example_critic = critic_fn(agent.critic, critic_probe).view(2, agent.num_critics, 8)
         per_example_actor = actor_fn(agent.actor, actor_probe)
-        critic_update, _ = agent._critic_loss(batch, noise[0])
-        actor_update, _, _ = agent._actor_loss(batch["obs"], noise[1])
+        critic_update = agent.critic_step(batch, noise)[1]["loss/critic"]
+        actor_update = agent.actor_step(batch, noise)[1]["loss/actor"]
     torch.testing.assert_close(per_example_critic.mean(-1).sum(1), critic_update)
     torch.testing.assert_close(per_example_actor.mean(-1), actor_update)

@@ -115,8 +115,14 @@ EVERY_METHOD = (
          "critic.weight_decay=1e-3", "actor.weight_decay=1e-3",
          f"critic.regularizers={EVERY_METHOD}{{name: spectral, coef: 1e-3, mode: all}}]",
          f"actor.regularizers={EVERY_METHOD}{{name: spectral, coef: 1e-3}}]"],
+        ["agent=td3", "num_seeds=2", "resets.every=500", "diagnostics.every=100", "diagnostics.batch_size=64",
+         "critic.regularizers=[{name: spectral, coef: 1e-3}, {name: redo, tau: 0.5, every: 90}]"],
+        ["critic.arch=bronet", "actor.arch=simba", "resets.every=500", "resets.what=last_layers", "resets.last_layers=2",
+         "diagnostics.every=100", "diagnostics.batch_size=64",
+         "critic.regularizers=[{name: redo, tau: 0.5, every: 90}, {name: spectral, coef: 1e-3}]"],
     ],
-    ids=["rr2-resets-spectral", "two-seeds-rr0.5-diagnostics", "two-seeds-every-method"],
+    ids=["rr2-resets-spectral", "two-seeds-rr0.5-diagnostics", "two-seeds-every-method", "td3-two-seeds-resets-redo",
+         "bronet-critic-simba-actor"],
 )
 def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, extra):
     """Stop mid-episode at step 700, resume to 1300 (crossing a 1000-step episode end)."""

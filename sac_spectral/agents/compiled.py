@@ -1,18 +1,15 @@
-"""SAC's update as compiled programs (``compile: true``).
+"""An agent's update as compiled programs (``compile: true``), from the same list of steps that
+the eager update runs (:meth:`~sac_spectral.agents.base.ActorCritic.steps`).
 
-Each network's step is written as a function of its parameters — the loss through
-:func:`torch.func.functional_call` of the agent's own loss methods, its gradient by
-:func:`torch.func.grad_and_value`, the regularizers' penalty gradients added, and the Adam/AdamW
-step of :func:`~sac_spectral.core.optim.adam_step_` — so that ``torch.compile`` sees forward,
-backward and optimizer step as one graph and fuses their elementwise work (inductor's C++ code on
-the CPU; CUDA graphs on a GPU). In eager's order, one program per update:
-
-    critic loss, gradient, Adam step → Polyak step of the targets → actor and temperature loss,
-    gradient, Adam step
-
-then the actor regularizers' ``after_step``. When a critic regularizer intervenes after steps
-(shrink & perturb, ReDo, resets…), the update runs as two programs with its ``after_step`` between
-them, where eager runs it.
+Each step is written as a function of its network's parameters — its loss through
+:func:`torch.func.functional_call`, its gradient by :func:`torch.func.grad_and_value`, the
+regularizers' penalty gradients added, and the Adam/AdamW step of
+:func:`~sac_spectral.core.optim.adam_step_` — so that ``torch.compile`` sees forward, backward,
+optimizer step and the step's ``after()`` (a Polyak step) as one graph and fuses their elementwise
+work (inductor's C++ code on the CPU; CUDA graphs on a GPU). Consecutive steps form one program;
+a program ends after a step whose network has a regularizer that intervenes after steps (shrink &
+perturb, ReDo, resets…), whose ``after_step`` then runs between programs, where eager runs it.
+Updates whose step lists differ (TD3's delayed actor) get a program each.
 
 The programs write the agent's own parameters and its optimizers' own Adam state in place, so
 checkpoints, resets, evaluation and the regularizers see one set of tensors, and a run may resume
@@ -28,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,21 +37,21 @@ from sac_spectral.core.optim import adam_state, adam_step_
 from sac_spectral.regularizers import Regularizer
 
 if TYPE_CHECKING:
-    from sac_spectral.agents.sac import SAC
+    from sac_spectral.agents.base import ActorCritic, NetStep
 
 Metrics = dict[str, Tensor]
 
 
 class _Agent(nn.Module):
-    """``forward(method, *args)`` calls ``agent.method(*args)``: what functional_call needs to run
-    the agent's loss methods on substituted parameters."""
+    """``forward(fn, *args)`` is ``fn(*args)``: functional_call then runs an agent's step loss (a
+    bound method of the agent) on substituted parameters."""
 
-    def __init__(self, agent: SAC) -> None:
+    def __init__(self, agent: ActorCritic) -> None:
         super().__init__()
         self.agent = agent
 
-    def forward(self, method: str, *args: Any) -> Any:
-        return getattr(self.agent, method)(*args)
+    def forward(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
 
 
 class _Step:
@@ -107,74 +104,70 @@ def _argument_guards(guards: Sequence[Any]) -> list[bool]:
     return [not (g.is_global or g.name == "self" or g.name.startswith("self.")) for g in guards]
 
 
-class CompiledUpdate:
-    """``update(batch, noise)`` of a :class:`~sac_spectral.agents.sac.SAC`, as compiled programs."""
+Segment = tuple[tuple["NetStep", ...], Any]
 
-    def __init__(self, agent: SAC) -> None:
+
+class CompiledUpdate:
+    """``update(batch, noise)`` of an :class:`~sac_spectral.agents.base.ActorCritic`, as compiled
+    programs of its :meth:`steps`."""
+
+    def __init__(self, agent: ActorCritic, bf16: bool = False) -> None:
         self.agent = agent
         self.wrapper = _Agent(agent)
-        self.critic, self.actor = _Step(self.wrapper, agent.critic_opt), _Step(self.wrapper, agent.actor_opt)
+        self.nets = {net: _Step(self.wrapper, opt) for net, opt in agent.optimizers.items()}
         self.params = {n: p.detach() for n, p in self.wrapper.named_parameters()}
-        self.targets = [p.detach() for p in agent.target_critic.parameters()]
         self.low = {f"agent.{n}.{k}" for n, m in agent.named_modules() if isinstance(m, BatchedLinear)
-                    for k, _ in m.named_parameters()} if agent.cfg.precision == "bf16" else set()
-        mode = "reduce-overhead" if agent.log_alpha.device.type == "cuda" else None
-        compile_ = functools.partial(torch.compile, mode=mode, dynamic=False, options={"guard_filter_fn": _argument_guards})
-        self._critic_program, self._actor_program = compile_(self._critic_step), compile_(self._actor_step)
-        self._program = compile_(self._steps)
+                    for k, _ in m.named_parameters()} if bf16 else set()
+        mode = "reduce-overhead" if next(agent.parameters()).device.type == "cuda" else None
+        self._compile = functools.partial(torch.compile, mode=mode, dynamic=False, options={"guard_filter_fn": _argument_guards})
+        self._programs: dict[tuple[int, tuple[tuple[str, bool], ...]], Segment] = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CompiledUpdate:
         """A copied agent gets its own programs (compiled ones close over this agent)."""
-        return CompiledUpdate(copy.deepcopy(self.agent, memo))
+        return CompiledUpdate(copy.deepcopy(self.agent, memo), bool(self.low))
 
-    def _call(self, method: str, params: dict[str, Tensor], *args: Any) -> Any:
+    def _regs(self, net: str) -> list[Regularizer]:
+        return self.agent.actor_regs if net == "actor" else self.agent.critic_regs
+
+    def _segments(self, steps: Sequence[NetStep]) -> list[Segment]:
+        """The programs of ``steps``: a segment ends after a step whose regularizers intervene."""
+        out, current = [], []
+        for i, step in enumerate(steps):
+            current.append(step)
+            if i == len(steps) - 1 or any(_intervenes(r) for r in self._regs(step.net)):
+                key = (i, tuple((s.net, s.after is not None) for s in current))
+                if key not in self._programs:
+                    captured = tuple(current)
+                    self._programs[key] = (captured, self._compile(functools.partial(self._run, captured)))
+                out.append(self._programs[key])
+                current = []
+        return out
+
+    def _loss(self, step: NetStep, batch: Metrics, noise: Tensor, params: list[Tensor]) -> tuple[Tensor, Metrics]:
+        substituted = {**self.params, **dict(zip(self.nets[step.net].names, params))}
         if self.low:
-            params = {n: t.to(torch.bfloat16) if n in self.low else t for n, t in params.items()}
-        return functional_call(self.wrapper, params, (method, *args))
+            substituted = {n: t.to(torch.bfloat16) if n in self.low else t for n, t in substituted.items()}
+        loss, metrics = functional_call(self.wrapper, substituted, (step.loss, batch, noise))
+        return loss, metrics
 
-    def _critic_step(self, batch: dict[str, Tensor], noise: Tensor, penalty: list[Tensor] | None,
-                     state: tuple[list[Tensor], ...], hyper: Any) -> tuple[Tensor, Tensor]:
-        def loss(params: list[Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-            per_seed, q_mean = self._call("_critic_loss", {**self.params, **dict(zip(self.critic.names, params))}, batch, noise)
-            return per_seed.sum(), (per_seed.detach(), q_mean)
+    def _run(self, steps: tuple[NetStep, ...], batch: Metrics, noise: Tensor, args: Sequence[tuple[Any, ...]]) -> Metrics:
+        """A segment's steps, traced into one program."""
+        info: Metrics = {}
+        for step, (penalty, state, hyper) in zip(steps, args):
+            net = self.nets[step.net]
+            grads, (_, metrics) = grad_and_value(functools.partial(self._loss, step, batch, noise), has_aux=True)(net.aliases)
+            net.apply(grads, penalty, state, hyper)
+            if step.after is not None:
+                step.after()
+            info.update(metrics)
+        return info
 
-        grads, (_, (critic_loss, q_mean)) = grad_and_value(loss, has_aux=True)(self.critic.aliases)
-        self.critic.apply(grads, penalty, state, hyper)
-        return critic_loss, q_mean
-
-    def _actor_step(self, obs: Tensor, noise: Tensor, penalty: list[Tensor] | None, state: tuple[list[Tensor], ...],
-                    hyper: Any) -> tuple[Tensor, Tensor, Tensor]:
-        agent = self.agent
-        torch._foreach_lerp_(self.targets, self.critic.aliases, agent.cfg.tau)
-
-        def loss(params: list[Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
-            actor_loss, alpha_loss, entropy = self._call(
-                "_actor_loss", {**self.params, **dict(zip(self.actor.names, params))}, obs, noise)
-            total = actor_loss.sum() + alpha_loss.sum() if agent.cfg.alpha.learn else actor_loss.sum()
-            return total, (actor_loss.detach(), alpha_loss.detach(), entropy)
-
-        grads, (_, metrics) = grad_and_value(loss, has_aux=True)(self.actor.aliases)
-        self.actor.apply(grads, penalty, state, hyper)
-        return metrics
-
-    def _steps(self, batch: dict[str, Tensor], noise: Tensor, critic: tuple[Any, ...], actor: tuple[Any, ...]
-               ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
-        return self._critic_step(batch, noise[0], *critic), self._actor_step(batch["obs"], noise[1], *actor)
-
-    def __call__(self, batch: dict[str, Tensor], noise: Tensor) -> Metrics:
-        agent, update = self.agent, self.agent.num_updates + 1
-        critic = (self.critic.penalty_grads(agent.critic_regs), adam_state(self.critic.optimizer, self.critic.params),
-                  self.critic.hyper())
-        actor = (self.actor.penalty_grads(agent.actor_regs), adam_state(self.actor.optimizer, self.actor.params),
-                 self.actor.hyper())
-        if any(_intervenes(reg) for reg in agent.critic_regs):
-            critic_loss, q_mean = self._critic_program(batch, noise[0], *critic)
-            for reg in agent.critic_regs:
+    def __call__(self, batch: Metrics, noise: Tensor) -> Metrics:
+        update, info = self.agent.num_updates + 1, {}
+        for steps, program in self._segments(self.agent.steps()):
+            args = [(self.nets[s.net].penalty_grads(self._regs(s.net)),
+                     adam_state(self.nets[s.net].optimizer, self.nets[s.net].params), self.nets[s.net].hyper()) for s in steps]
+            info.update(program(batch, noise, args))
+            for reg in self._regs(steps[-1].net):
                 reg.after_step(update)
-            actor_loss, alpha_loss, entropy = self._actor_program(batch["obs"], noise[1], *actor)
-        else:
-            (critic_loss, q_mean), (actor_loss, alpha_loss, entropy) = self._program(batch, noise, critic, actor)
-        for reg in agent.actor_regs:
-            reg.after_step(update)
-        return {"loss/critic": critic_loss, "loss/actor": actor_loss, "loss/alpha": alpha_loss,
-                "q/mean": q_mean, "entropy": entropy}
+        return info

@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sac_spectral.agents.base import AGENTS, agent_class
 from sac_spectral.agents.probes import DiagnosticsConfig
 from sac_spectral.core.config import at_least, check, option, section
 from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS
 from sac_spectral.core.precision import PRECISIONS
+from sac_spectral.core.residual import ARCHS
 from sac_spectral.regularizers import validate_specs
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
@@ -30,6 +32,7 @@ MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
 class NetConfig:
     """Architecture, optimizer and regularizers of one network."""
 
+    arch: str = option("mlp", f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; hidden = [width] * (blocks + 1))")
     hidden: list[int] = option([256, 256], "hidden layer widths")
     activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
     layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
@@ -40,6 +43,11 @@ class NetConfig:
 
     def validate(self) -> None:
         check(len(self.hidden) > 0 and all(h > 0 for h in self.hidden), "hidden", f"widths must be positive, got {self.hidden}")
+        check(self.arch in ARCHS, "arch", f"'{self.arch}' is not one of {', '.join(ARCHS)}")
+        check(self.arch == "mlp" or len(set(self.hidden)) == 1, "hidden",
+              f"{self.arch} needs equal widths (the embedding's, then one per residual block), got {self.hidden}")
+        check(self.arch == "mlp" or ACTIVATIONS[self.activation][1] == 1, "activation",
+              f"{self.arch} keeps the stream's width; '{self.activation}' changes it")
         check(self.activation in ACTIVATIONS, "activation", f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
         check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
@@ -95,6 +103,20 @@ class SACConfig:
 
 
 @dataclass
+class TD3Config:
+    """TD3's own options (Fujimoto et al. 2018; defaults as the authors' code)."""
+
+    policy_noise: float = option(0.2, "target policy smoothing: std of the noise added to the target action")
+    noise_clip: float = option(0.5, "target policy smoothing: the noise is clipped to [-noise_clip, noise_clip]")
+    policy_delay: int = option(2, "actor and target updates every policy_delay critic updates")
+    exploration_noise: float = option(0.1, "std of the Gaussian noise added to actions while collecting")
+
+    def validate(self) -> None:
+        at_least(self, 0, "policy_noise", "noise_clip", "exploration_noise")
+        at_least(self, 1, "policy_delay")
+
+
+@dataclass
 class ResetConfig:
     every: int = option(0, "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. 2022: 200000)")
     what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
@@ -124,15 +146,16 @@ class PrimingConfig:
 
 @dataclass
 class TrainConfig(SACConfig):
+    agent: str = option("sac", "the agent: a registered name (sac, td3, or one your code registers)")
     env: str = option("dmc:cheetah-run", "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
     seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
     num_seeds: int = option(1, "independent agents trained together as members of batched networks")
-    total_steps: int = option(100_000, "environment steps")
+    total_steps: int = option(100_000, "env steps: actions of the agent (each advances the simulator action_repeat times)")
     replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
     batch_size: int = option(256, "transitions per gradient update")
     buffer_size: int = option(1_000_000, "replay capacity per seed")
     random_steps: int = option(10_000, "uniform-random warm-up steps before the policy acts and updates start")
-    action_repeat: int = option(1, "env steps per agent action")
+    action_repeat: int = option(1, "simulator steps per env step (the action is repeated, rewards summed)")
     eval_every: int = option(10_000, "evaluate every N env steps (0 = only at the end)")
     eval_episodes: int = option(10, "episodes per evaluation")
     video_every: int = option(0, "record seed 0's first evaluation episode as a video every N env steps, "
@@ -143,6 +166,7 @@ class TrainConfig(SACConfig):
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle, re-chosen every 10 s)")
     progress: bool = option(True, "show a progress bar")
+    td3: TD3Config = section(TD3Config, "TD3's own options (agent: td3)")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
     diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
@@ -165,6 +189,10 @@ class TrainConfig(SACConfig):
             f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
         )
         check_device(self.device)
+        agent = agent_class(self.agent)
+        check(not self.compile or agent.compiles, "compile",
+              f"agent '{self.agent}' has no compiled update; use compile=false (agents with one: "
+              f"{', '.join(n for n, a in sorted(AGENTS.items()) if a.compiles)})")
 
     def updates_by(self, step: int) -> int:
         """Updates the replay ratio owes after ``step`` env steps (priming updates are extra)."""
@@ -183,7 +211,9 @@ def seed_label(seeds: Sequence[int]) -> str:
 
 def run_tag(cfg: TrainConfig) -> str:
     names = [r["name"] for r in cfg.critic.regularizers + cfg.actor.regularizers]
-    tag = "+".join(dict.fromkeys(names)) or "sac"
+    tag = "+".join(dict.fromkeys(names)) or cfg.agent
+    if names and cfg.agent != "sac":
+        tag = f"{cfg.agent}+{tag}"
     if cfg.priming.updates:
         tag += "+primed"
     return f"{tag}+resets" if cfg.resets.every else tag

@@ -27,8 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sac_spectral.agents.base import ActorCritic
 from sac_spectral.agents.config import ActorConfig, CriticConfig, SACConfig
-from sac_spectral.core.nets import BatchedMLP
+from sac_spectral.core.nets import BatchedNetwork
+from sac_spectral.core.residual import make_network
 from sac_spectral.core.seeding import SeedStreams
 
 _LOG2 = math.log(2.0)
@@ -46,15 +48,13 @@ def tanh_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor,
 
 def make_actor(
     members: int, obs_dim: int, act_dim: int, cfg: ActorConfig, generators: list[torch.Generator] | None = None
-) -> BatchedMLP:
+) -> BatchedNetwork:
     """The policy network: an MLP trunk with a mean head (gain √2) and a log-std head (gain 1)."""
-    return BatchedMLP(
-        members, obs_dim, cfg.hidden, (act_dim, act_dim), cfg.activation, cfg.layer_norm, cfg.init,
-        out_gains=(_GAIN, 1.0), generators=generators,
-    )
+    return make_network(cfg.arch, members, obs_dim, cfg.hidden, (act_dim, act_dim), cfg.activation, cfg.layer_norm,
+                        cfg.init, out_gains=(_GAIN, 1.0), generators=generators)
 
 
-def actor_mean_log_std(actor: BatchedMLP, obs: Tensor, cfg: ActorConfig) -> tuple[Tensor, Tensor]:
+def actor_mean_log_std(actor: BatchedNetwork, obs: Tensor, cfg: ActorConfig) -> tuple[Tensor, Tensor]:
     """Mean and log σ of the pre-tanh Gaussian, log σ squashed into ``[log_std_min, log_std_max]``."""
     mean, raw = actor(obs)
     lo, hi = cfg.log_std_min, cfg.log_std_max
@@ -63,43 +63,26 @@ def actor_mean_log_std(actor: BatchedMLP, obs: Tensor, cfg: ActorConfig) -> tupl
 
 def make_critic(
     members: int, obs_dim: int, act_dim: int, cfg: CriticConfig, generators: list[torch.Generator] | None = None
-) -> BatchedMLP:
+) -> BatchedNetwork:
     """``members`` Q-networks ``(obs, action) → Q`` (every layer gain √2)."""
-    return BatchedMLP(
-        members, obs_dim + act_dim, cfg.hidden, 1, cfg.activation, cfg.layer_norm, cfg.init, out_gains=_GAIN,
-        generators=generators,
-    )
+    return make_network(cfg.arch, members, obs_dim + act_dim, cfg.hidden, 1, cfg.activation, cfg.layer_norm, cfg.init,
+                        out_gains=_GAIN, generators=generators)
 
 
-class SACNetworks(nn.Module):
+class SACNetworks(ActorCritic):
     """The actor, the critics and their targets, and ``log α`` of ``len(streams)`` seeds, with the
     policy, the Q-values and SAC's per-example losses."""
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: SACConfig, streams: SeedStreams,
                  device: str | torch.device = "cpu") -> None:
-        super().__init__()
-        self.cfg, self.streams = cfg, streams
-        self.obs_dim, self.act_dim = obs_dim, act_dim
-        self.num_seeds = n = len(streams)
-        self.num_critics = cfg.critic.num_critics
+        super().__init__(obs_dim, act_dim, cfg, streams)
+        n = self.num_seeds
         self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
         self.actor = make_actor(n, obs_dim, act_dim, cfg.actor, streams["init"])
         self.critic = make_critic(n * self.num_critics, obs_dim, act_dim, cfg.critic, self._critic_generators())
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.full((n,), math.log(cfg.alpha.init)), requires_grad=cfg.alpha.learn)
         self.to(device)
-
-    def _critic_generators(self) -> list[torch.Generator]:
-        return [g for g in self.streams["init"] for _ in range(self.num_critics)]
-
-    def nets(self) -> dict[str, BatchedMLP]:
-        return {"actor": self.actor, "critic": self.critic}
-
-    def per_seed(self, net: str, value: Tensor) -> Tensor:
-        """Average a per-member ``[M]`` value of ``net`` over each seed's members (scalars pass through)."""
-        if value.dim() == 0:
-            return value
-        return value.reshape(self.num_seeds, 1 if net == "actor" else self.num_critics).mean(dim=1)
 
     def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
@@ -108,17 +91,6 @@ class SACNetworks(nn.Module):
 
     def _mean_log_std(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         return actor_mean_log_std(self.actor, obs, self.cfg.actor)
-
-    def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
-        """``[N·num_critics, B, obs+act]``: each seed's ``(obs, action)`` for each of its critics."""
-        n, b = obs.shape[:2]
-        x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
-        return x.reshape(n * self.num_critics, b, -1)
-
-    def q_values(self, net: BatchedMLP, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
-        """``[N, num_critics, B]`` Q-values of ``obs, action: [N, B, ·]``."""
-        n, b = obs.shape[:2]
-        return net(self.critic_inputs(obs, action), detach).float().view(n, self.num_critics, b)
 
     @torch.inference_mode()
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:

@@ -9,6 +9,8 @@ Interventions that need more than the parameters get it from their owner:
 - ``attach(optimizer)``: the network's optimizer, whose moments they reset;
 - ``set_probe(fn)``: ``fn()`` returns a batch of the network's inputs (the RL agent passes the
   current replay batch, a supervised loop its data) for activation statistics;
+- ``set_target(module)``: the network's Polyak-averaged copy (RL targets), for interventions that
+  change the network's function beyond its parameters;
 - ``seed_members(seeds)``: one random stream per member for their draws (perturbation noise,
   re-initializations). The streams' states are part of ``state_dict``, so a resumed run draws
   exactly what the uninterrupted one would.
@@ -34,6 +36,8 @@ class Regularizer:
     name: ClassVar[str] = ""
     #: False for pure interventions, whose ``penalty`` is never added to a loss
     has_penalty: ClassVar[bool] = True
+    #: copies of the network's parameters it keeps (θ₀: 1), for memory estimates
+    parameter_copies: ClassVar[int] = 0
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -50,6 +54,11 @@ class Regularizer:
         """``fn()`` returns a batch of the network's inputs, read when an intervention needs
         activation statistics."""
         self.probe = fn
+
+    def set_target(self, module: nn.Module) -> None:
+        """``module`` follows this network by Polyak averaging (an RL target network). Parameter
+        changes reach it through the averaging; an intervention that changes the network's function
+        otherwise (plasticity injection) changes the target's alike."""
 
     def seed_members(self, seeds: Sequence[int]) -> None:
         """One CPU random stream per member, member ``m`` seeded with ``seeds[m]``."""

@@ -25,6 +25,7 @@ class L2Init(Regularizer):
     """Pull every parameter toward its value at construction."""
 
     name = "l2_init"
+    parameter_copies = 1  # θ₀
 
     def __init__(self, module: nn.Module, coef: float = 1e-4, layers: str = "all") -> None:
         super().__init__(module)

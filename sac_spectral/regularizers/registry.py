@@ -52,6 +52,11 @@ def _lookup(spec: Mapping[str, Any], key: str) -> tuple[type[Regularizer], dict[
     return cls, kwargs
 
 
+def parameter_copies(specs: Sequence[Mapping[str, Any]]) -> int:
+    """Copies of a network's parameters that the regularizers of config entries ``specs`` keep."""
+    return sum(REGISTRY[s["name"]].parameter_copies for s in specs if s.get("name") in REGISTRY)
+
+
 def validate_specs(specs: Sequence[Mapping[str, Any]], key: str) -> None:
     """Check names and option names of config entries without building anything."""
     for i, spec in enumerate(specs):

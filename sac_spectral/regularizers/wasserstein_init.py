@@ -33,6 +33,7 @@ class WassersteinInit(Regularizer):
     """Keep each parameter tensor's distribution of values at its initial one."""
 
     name = "wasserstein_init"
+    parameter_copies = 2  # θ₀ sorted, and its order
 
     def __init__(self, module: nn.Module, coef: float = 1e-4, layers: str = "all") -> None:
         super().__init__(module)

@@ -26,17 +26,18 @@ def _measure(fn: Any, repeats: int = 3) -> float:
     return statistics.median(samples)
 
 
-#: run keys besides the agent's own (SACConfig) that change what one update costs
-UPDATE_KEYS = ("batch_size", "num_seeds", "device")
+#: run keys besides the actor-critic ones (SACConfig) that change what one update costs
+UPDATE_KEYS = ("agent", "batch_size", "num_seeds", "device")
 
 
 def update_key(cfg: Any, obs_dim: int, act_dim: int) -> list[Any]:
     """What the measured time of one update depends on: the shapes, every field of the resolved
-    agent config (precision, compile, networks, regularizers, …), the batch, members and device."""
+    agent config (the agent, its own section, precision, compile, networks, regularizers, …), the
+    batch, members and device."""
     from sac_spectral.agents import SACConfig
 
     resolved = to_dict(cfg)
-    names = [f.name for f in fields(SACConfig)] + list(UPDATE_KEYS)
+    names = [f.name for f in fields(SACConfig)] + list(UPDATE_KEYS) + ([cfg.agent] if cfg.agent in resolved else [])
     return ["update", obs_dim, act_dim, {k: resolved[k] for k in names}]
 
 
@@ -67,7 +68,7 @@ class CostModel:
     def train(self, cfg: Any) -> tuple[int, float]:
         import torch
 
-        from sac_spectral.agents import SAC, ReplayBuffer
+        from sac_spectral.agents import ReplayBuffer, build_agent
         from sac_spectral.envs import make_env
         from sac_spectral.core.seeding import SeedStreams
 
@@ -77,7 +78,7 @@ class CostModel:
         torch.set_num_threads(self.threads)
 
         def update_time() -> float:
-            agent = SAC(obs_dim, act_dim, cfg, SeedStreams(list(range(cfg.num_seeds)), cfg.device), cfg.device)
+            agent = build_agent(obs_dim, act_dim, cfg, SeedStreams(list(range(cfg.num_seeds)), cfg.device), cfg.device)
             buf = ReplayBuffer(4 * cfg.batch_size, obs_dim, act_dim, cfg.num_seeds, cfg.device)
             m = cfg.num_seeds
             for _ in range(4 * cfg.batch_size):
