@@ -28,7 +28,7 @@ from sac_spectral.agents.probes import (
     DiagnosticsConfig,
     critic_td_loss,
     probe_batch,
-    sac_diagnostics,
+    agent_diagnostics,
 )
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import effective_rank, gradient_grams
@@ -75,7 +75,7 @@ def main() -> None:
 
     def diagnostics() -> None:
         b, z = probe_batch(agent, buf, dcfg.batch_size, [0], tick=1)
-        sac_diagnostics(agent, b, z, dcfg)
+        agent_diagnostics(agent, b, z, dcfg)
 
     erank_fast, erank_func = critic_erank("auto"), critic_erank("func")
     torch.testing.assert_close(erank_fast, erank_func, rtol=1e-4, atol=0)

@@ -14,7 +14,7 @@ from sac_spectral.agents.probes import (
     actor_loss,
     critic_td_loss,
     probe_batch,
-    sac_diagnostics,
+    agent_diagnostics,
 )
 from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
@@ -58,7 +58,7 @@ def summary_of(m: torch.Tensor) -> dict[str, float]:
 def test_identity_has_full_ranks_and_unit_condition_number():
     s = summary_of(matrix_with_spectrum(torch.ones(40, dtype=torch.float64), 50, 60))
     assert s["erank"] == pytest.approx(40, rel=1e-9)
-    assert s["stable_rank"] == pytest.approx(40, rel=1e-9)
+    assert s["frobenius_stable_rank"] == pytest.approx(40, rel=1e-9)
     assert s["rank99"] == math.ceil(0.99 * 40)
     assert s["cond"] == pytest.approx(1.0, rel=1e-9)
 
@@ -66,7 +66,7 @@ def test_identity_has_full_ranks_and_unit_condition_number():
 def test_rank_one_matrix_has_rank_one():
     s = summary_of(matrix_with_spectrum(torch.tensor([3.0], dtype=torch.float64), 30, 20))
     assert s["erank"] == pytest.approx(1.0, abs=1e-6)
-    assert s["stable_rank"] == pytest.approx(1.0, abs=1e-9)
+    assert s["frobenius_stable_rank"] == pytest.approx(1.0, abs=1e-9)
     assert s["rank99"] == 1 and s["cond"] == pytest.approx(1.0) and s["sigma_max"] == pytest.approx(3.0)
 
 
@@ -77,7 +77,7 @@ def test_geometric_decay_matches_closed_forms(r, n):
     c = (1 - r) / (1 - r**n)  # p_i = c r^i
     mean_i = r * (1 - n * r ** (n - 1) + (n - 1) * r**n) / (1 - r) ** 2 * c  # Σ i p_i
     assert s["erank"] == pytest.approx(math.exp(-math.log(c) - math.log(r) * mean_i), rel=1e-6)
-    assert s["stable_rank"] == pytest.approx((1 - r ** (2 * n)) / (1 - r**2), rel=1e-6)
+    assert s["frobenius_stable_rank"] == pytest.approx((1 - r ** (2 * n)) / (1 - r**2), rel=1e-6)
     k99 = math.ceil(math.log(1 - 0.99 * (1 - r ** (2 * n))) / (2 * math.log(r)))
     assert s["rank99"] == k99
     kept = max(i for i in range(n) if r**i > 1e-5)  # the stated floor: σ_i > 1e-5·σ_max
@@ -86,7 +86,7 @@ def test_geometric_decay_matches_closed_forms(r, n):
 
 def test_zero_matrix_has_rank_zero_and_undefined_condition_number():
     s = spectrum_summary(torch.zeros(2, 5))
-    assert s["erank"].tolist() == [0, 0] and s["stable_rank"].tolist() == [0, 0] and s["rank99"].tolist() == [0, 0]
+    assert s["erank"].tolist() == [0, 0] and s["frobenius_stable_rank"].tolist() == [0, 0] and s["rank99"].tolist() == [0, 0]
     assert torch.isnan(s["cond"]).all()
 
 
@@ -288,13 +288,13 @@ def test_sac_critic_per_example_gradient_matches_single_example_autograd():
                 torch.testing.assert_close(g[i, m], r[m], atol=1e-5, rtol=1e-5, msg=name)
 
 
-def test_sac_diagnostics_leave_the_agent_and_its_streams_untouched():
+def test_agent_diagnostics_leave_the_agent_and_its_streams_untouched():
     agent, buf = _agent_and_buffer()
     before = {k: v.clone() for k, v in agent.state_dict().items()}
     streams = agent.streams.state_dict()
     rng = torch.get_rng_state()
     batch, noise = probe_batch(agent, buf, 32, [0, 1], tick=7)
-    reports = sac_diagnostics(agent, batch, noise, DiagnosticsConfig())
+    reports = agent_diagnostics(agent, batch, noise, DiagnosticsConfig())
     assert all(torch.equal(before[k], v) for k, v in agent.state_dict().items())
     assert all(p.grad is None for p in agent.parameters())
     assert torch.equal(torch.get_rng_state(), rng)

@@ -283,6 +283,9 @@ EVERY_METHOD = {
     "shrink_perturb": {"shrink": 0.1, "sigma": 0.1, "every": 2},
     "redo": {"tau": 0.6, "every": 2},
     "reset": {"every": 3, "last": 1},
+    "plasticity_injection": {"at_step": 3},
+    "nap": {"layers": "all"},
+    "cbp": {"replacement_rate": 0.2, "maturity_threshold": 1, "decay_rate": 0.9},
 }
 
 

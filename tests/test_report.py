@@ -238,3 +238,32 @@ def test_report_modules_import_without_torch_or_runners():
             "bad = [m for m in ('torch', 'sac_spectral.train', 'sac_spectral.continual', 'sac_spectral.diagnose', "
             "'sac_spectral.studies.sweep') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")  # arch, called by rliable
+def test_diagnostics_table_is_the_iqm_of_each_methods_final_values(known, tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    root, scores = known
+    rng = np.random.default_rng(1)
+    final = {}
+    for run in sorted(p.parent for p in root.rglob("config.yaml")):
+        method, task = run.parts[-3], run.parts[-2]
+        writer = SummaryWriter(str(run))
+        value = float(rng.uniform(1, 50))
+        for step, v in ((1000, -1.0), (4000, value)):  # the last step's value counts
+            writer.add_scalar("features/critic/stable_rank", v, step)
+        writer.close()
+        final.setdefault(method, {}).setdefault(task, []).append(value)
+    out = tmp_path / "out"
+    assert run_cli(report.main, [str(root), "--out", str(out), "--reps", str(REPS), "--seed", str(SEED),
+                                 "--diagnostics", "features/critic/stable_rank"]) == 0
+    data = json.loads((out / "report.json").read_text())["diagnostics"]
+    for method, by_task in final.items():
+        arr = np.array(list(by_task.values())).T  # [seeds, tasks]
+        point, interval = rliable_estimates({method: arr}, lambda s: np.array([metrics.aggregate_iqm(s)]))
+        assert data[method]["features/critic/stable_rank"] == pytest.approx(
+            [point[method][0], interval[method][0, 0], interval[method][1, 0]])
+    assert "## Diagnostics at the end of training" in (out / "report.md").read_text()
+    assert run_cli(report.main, [str(root), "--out", str(out), "--diagnostics", "features/nope"]) == 2
+    assert "no run logged features/nope" in capsys.readouterr().err

@@ -133,6 +133,7 @@ def test_seed_of_a_multi_seed_agent_matches_single_seed_agent_with_every_interve
 def test_regularizer_metrics_are_logged_per_seed_under_their_network_and_name():
     cfg = small_cfg()
     cfg.critic.regularizers = [{"name": name} for name in sorted(REGISTRY)]
+    cfg.critic.layer_norm = True  # nap needs it
     cfg.actor.regularizers = [{"name": "spectral", "mode": "all"}, {"name": "parseval"}]
     agent = SAC(5, 2, cfg, SeedStreams([0, 1, 2]))
     agent.update(random_batch(n=3), torch.randn(2, 3, 8, 2))

@@ -296,7 +296,8 @@ def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
 
 def test_plasticity_sweep_is_the_readme_table():
     s = spec.load_sweep(str(ROOT / "run_configs/sweeps/plasticity_continual.yaml"), [])
-    assert s.cfg.kind == "continual" and s.cfg.seeds == [0, 1, 2] and len(s.trials) == 8 * 3
+    assert s.cfg.kind == "continual" and s.cfg.seeds == [0, 1, 2] and len(s.trials) == 13 * 3
+    assert s.trials[0].id == "plain/s0"  # the unregularized baseline; `--baseline none` would read as no baseline
     assert "seed" not in s.base and s.base["stream"]["num_tasks"] == 30
     assert spec.invalid_trials(s) == {}
 

@@ -1,8 +1,10 @@
-"""Diagnostics of a SAC agent: its losses as per-example closures, a probe batch, the config section.
+"""Diagnostics of an actor-critic agent: its losses as per-example closures, a probe batch, the
+config section.
 
-The losses are the agent's own, :meth:`SAC.critic_losses` (TD loss of every critic member, target
-held fixed) and :meth:`SAC.actor_losses` (``α log π − min Q`` on detached critics), so the
-diagnostics differentiate exactly what the update minimizes (it takes their means).
+The losses are the agent's own per-example losses (:meth:`~sac_spectral.agents.base.Agent.critic_losses`:
+the TD loss of every critic member, target held fixed; :meth:`~sac_spectral.agents.base.Agent.actor_losses`:
+SAC's ``α log π − min Q``, TD3's ``−Q_1``, on detached critics), so the diagnostics differentiate
+exactly what the update minimizes (it takes their means).
 
 The probe batch and its noise come from generators seeded by ``derive_seed(seed, "diagnostics/<k>")``
 for the ``k``-th update count: the agent's own random streams and the global torch generator are
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from sac_spectral.agents.plasticity import feature_scalars
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics.gradients import METHODS, LossFn
@@ -26,8 +29,8 @@ from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
 from sac_spectral.diagnostics.report import Report, network_diagnostics
 
 if TYPE_CHECKING:
+    from sac_spectral.agents.base import Agent
     from sac_spectral.agents.replay import ReplayBuffer
-    from sac_spectral.agents.sac import SAC
 
 DEFAULT_EVERY = 1000
 
@@ -51,7 +54,7 @@ class DiagnosticsConfig:
 
 
 def probe_batch(
-    agent: SAC, buffer: ReplayBuffer, batch_size: int, seeds: Sequence[int], tick: int
+    agent: Agent, buffer: ReplayBuffer, batch_size: int, seeds: Sequence[int], tick: int
 ) -> tuple[dict[str, Tensor], Tensor]:
     """``[N, B, ...]`` distinct transitions (``B = min(batch_size, len(buffer))``, drawn without
     replacement so that no row of the gradient matrix repeats) and ``[2, N, B, A]`` noise, from
@@ -65,8 +68,8 @@ def probe_batch(
     return buffer.gather(idx), noise
 
 
-def critic_td_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
-    """Closure ``(critic, probe) → [N·C, B]``: :meth:`SAC.critic_losses` per example (next-state
+def critic_td_loss(agent: Agent, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
+    """Closure ``(critic, probe) → [N·C, B]``: :meth:`Agent.critic_losses` per example (next-state
     ``noise [N, B, A]``), and its probe (the batch with the noise; ``[N, B, ·]``)."""
     probe = {**batch, "noise": noise}
 
@@ -76,8 +79,8 @@ def critic_td_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple
     return loss, probe
 
 
-def actor_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
-    """Closure ``(actor, probe) → [N, B]``: :meth:`SAC.actor_losses` per example (``noise [N, B, A]``),
+def actor_loss(agent: Agent, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
+    """Closure ``(actor, probe) → [N, B]``: :meth:`Agent.actor_losses` per example (``noise [N, B, A]``),
     and its probe (``obs``, ``noise``; ``[N, B, ·]``)."""
     probe = {"obs": batch["obs"], "noise": noise}
 
@@ -88,7 +91,7 @@ def actor_loss(agent: SAC, batch: dict[str, Tensor], noise: Tensor) -> tuple[Los
 
 
 @torch.no_grad()
-def hidden_features(agent: SAC, batch: dict[str, Tensor]) -> dict[str, list[Tensor]]:
+def hidden_features(agent: Agent, batch: dict[str, Tensor]) -> dict[str, list[Tensor]]:
     """Post-activation hidden features ``[M, B, F]`` of actor (on ``s``) and critics (on ``s, a``)."""
     return {
         "actor": list(agent.actor(batch["obs"], return_hidden=True)[1]),
@@ -96,18 +99,21 @@ def hidden_features(agent: SAC, batch: dict[str, Tensor]) -> dict[str, list[Tens
     }
 
 
-def sac_diagnostics(agent: SAC, batch: dict[str, Tensor], noise: Tensor, cfg: DiagnosticsConfig) -> dict[str, Report]:
+def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Tensor, cfg: DiagnosticsConfig) -> dict[str, Report]:
     """``{"actor": Report, "critic": Report}`` on a probe ``batch`` ``[N, B, ...]`` with ``noise`` ``[2, N, B, A]``;
     values are per member (actor ``[N]``, critic ``[N·C]``)."""
     features = hidden_features(agent, batch)
     closures = {"critic": critic_td_loss(agent, batch, noise[0]), "actor": actor_loss(agent, batch, noise[1])}
     nets = {"actor": agent.actor, "critic": agent.critic}
+    inputs = {"actor": batch["obs"], "critic": agent.critic_inputs(batch["obs"], batch["action"])}
     out = {}
     for net, (loss, probe) in closures.items():
         rep = network_diagnostics(
             nets[net], loss, probe, net, features[net], cfg.tau, example_dim=1, method=cfg.method,
             rtol=cfg.rtol, per_layer=cfg.per_layer,
         )
+        activation = getattr(agent.cfg, net).activation
+        rep.scalars.update(feature_scalars(agent, net, features[net], inputs[net], None, activation))
         if not cfg.histograms:
             rep.histograms.clear()
         out[net] = rep

@@ -19,7 +19,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedNetwork
 from sac_spectral.core.reinit import member_count, members_view
 
 Kind = Literal["linear", "conv", "norm"]
@@ -136,9 +136,9 @@ def checked_views(module: nn.Module, layers: str, method: str) -> list[LayerView
 
 def layer_tail(module: nn.Module, last: int | None = None) -> list[nn.Module]:
     """The modules of the last ``last`` linear/conv layers and the normalization layers after them
-    (every layer if ``None``). :class:`~sac_spectral.core.nets.BatchedMLP` knows its order; other modules
-    are taken in registration order."""
-    if isinstance(module, BatchedMLP):
+    (every layer if ``None``). A :class:`~sac_spectral.core.nets.BatchedNetwork` knows its order; other
+    modules are taken in registration order."""
+    if isinstance(module, BatchedNetwork):
         return module.tail(last)
     views = layer_views(module)
     weighted = [i for i, v in enumerate(views) if v.kind != "norm"]

@@ -168,7 +168,38 @@ class BatchedLayerNorm(nn.Module):
         return torch.addcmul(b.unsqueeze(1), F.layer_norm(x, (self.features,), eps=self.eps), w.unsqueeze(1))
 
 
-class BatchedMLP(nn.Module):
+class BatchedNetwork(nn.Module):
+    """What every member-batched network of the agents offers: ``forward(x, detach,
+    return_hidden)``, its output layers, its levels from the input (:meth:`tail`, for resets) and
+    :meth:`observe` (inputs seen in training, for networks that keep input statistics)."""
+
+    members: int
+    #: whether :meth:`observe` keeps statistics of the inputs
+    observes = False
+
+    def output_layers(self) -> list[nn.Module]:
+        """The heads: the layers whose outputs are the network's outputs."""
+        raise NotImplementedError
+
+    def tail(self, last: int | None = None) -> list[nn.Module]:
+        """The modules of the last ``last`` levels (every level if ``None``)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def reset_parameters(
+        self,
+        generators: Sequence[torch.Generator | None] | None = None,
+        members: Sequence[int] | None = None,
+        last: int | None = None,
+    ) -> None:
+        """Re-initialize every layer, or only the ``last`` levels (see :meth:`tail`)."""
+        reinitialize(self.tail(last), generators, members)
+
+    def observe(self, x: Tensor) -> None:
+        """Inputs ``[M, B, in]`` of a training batch (nothing to do for a plain network)."""
+
+
+class BatchedMLP(BatchedNetwork):
     """``M`` independent MLPs ``Linear → [LayerNorm] → activation → … → head(s)``.
 
     ``out_dims`` is one output width (one head; ``forward`` returns ``[M, B, out]``) or a tuple of
@@ -216,7 +247,6 @@ class BatchedMLP(nn.Module):
         )
 
     def output_layers(self) -> list[nn.Module]:
-        """The heads: the layers whose outputs are the network's outputs."""
         return list(self.heads)
 
     def tail(self, last: int | None = None) -> list[nn.Module]:
@@ -228,16 +258,6 @@ class BatchedMLP(nn.Module):
         levels.append(list(self.heads))
         start = 0 if last is None else max(len(levels) - last, 0)
         return [m for level in levels[start:] for m in level]
-
-    @torch.no_grad()
-    def reset_parameters(
-        self,
-        generators: Sequence[torch.Generator | None] | None = None,
-        members: Sequence[int] | None = None,
-        last: int | None = None,
-    ) -> None:
-        """Re-initialize every layer, or only the ``last`` levels (see :meth:`tail`)."""
-        reinitialize(self.tail(last), generators, members)
 
     def forward(
         self, x: Tensor, detach: bool = False, return_hidden: bool = False

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.core.nets import Activation, BatchedMLP
+from sac_spectral.core.nets import Activation, BatchedNetwork
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL, spectrum_summary
 
 ACTIVATION_MODULES = (
@@ -54,13 +54,13 @@ def feature_spectrum(h: Tensor, rtol: float = DEFAULT_RTOL) -> tuple[Tensor, dic
 def hidden_activations(model: nn.Module, inputs: Tensor) -> list[Tensor]:
     """Post-activation hidden features of ``model`` on ``inputs``, one ``[..., B, F]`` tensor per layer.
 
-    A :class:`~sac_spectral.core.nets.BatchedMLP` returns its hidden layers directly (``[M, B, F]``). Any
+    A :class:`~sac_spectral.core.nets.BatchedNetwork` returns its hidden layers directly (``[M, B, F]``). Any
     other model is run with forward hooks on its activation modules (``nn.ReLU``, ``nn.Tanh``, …;
     functional activations are invisible to hooks); an activation output with more than two axes is
     taken as convolutional, ``[B, C, *spatial]``, and becomes ``[B, C]`` by averaging ``|h|`` over
     the spatial positions, as ReDo scores channels.
     """
-    if isinstance(model, BatchedMLP):
+    if isinstance(model, BatchedNetwork):
         return list(model(inputs, return_hidden=True)[1])
     captured: list[Tensor] = []
 

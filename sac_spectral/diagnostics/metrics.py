@@ -5,14 +5,16 @@ axis, so one call handles every member of a member-batched network. Definitions 
 
 - **effective rank** (Roy & Vetterli 2007): ``erank = exp(−Σ_i p_i log p_i)``, ``p_i = σ_i / Σ_j σ_j``;
   between 1 (rank one) and the number of non-zero σ (flat spectrum).
-- **stable rank**: ``‖M‖_F² / σ_max² = Σ σ_i² / σ_max²``.
+- **Frobenius stable rank** (Rudelson & Vershynin 2007): ``‖M‖_F² / σ_max² = Σ σ_i² / σ_max²``.
+  Not Kumar et al.'s srank_δ, which ``features/<net>/stable_rank`` logs
+  (:func:`~sac_spectral.diagnostics.plasticity.srank`).
 - **numerical rank at 99 % energy**: the smallest ``k`` with ``Σ_{i≤k} σ_i² ≥ 0.99 Σ_i σ_i²``
   (σ sorted descending; energy means squared singular values, i.e. the Frobenius norm).
 - **condition number**: ``σ_max / σ_min`` over the non-negligible singular values, those with
   ``σ_i > rtol · σ_max``; default ``rtol = 1e-5`` (float32 rounding alone perturbs singular values
   by ≈ 1e-7 ‖M‖_F, so smaller values are noise), hence ``1 ≤ cond ≤ 1/rtol``.
 
-An all-zero matrix has erank, stable rank and numerical rank 0 and an undefined (NaN) condition
+An all-zero matrix has erank, Frobenius stable rank and numerical rank 0 and an undefined (NaN) condition
 number.
 """
 
@@ -33,7 +35,7 @@ def effective_rank(sigma: Tensor) -> Tensor:
     return torch.where(total.squeeze(-1) > 0, entropy.exp(), torch.zeros_like(entropy))
 
 
-def stable_rank(sigma: Tensor) -> Tensor:
+def frobenius_stable_rank(sigma: Tensor) -> Tensor:
     """``Σ σ_i² / σ_max²``; 0 for an all-zero spectrum."""
     top = sigma.amax(dim=-1)
     ratio = sigma.square().sum(dim=-1) / top.square().clamp_min(torch.finfo(sigma.dtype).tiny)
@@ -58,7 +60,7 @@ def condition_number(sigma: Tensor, rtol: float = DEFAULT_RTOL) -> Tensor:
 
 
 def spectrum_summary(sigma: Tensor, rtol: float = DEFAULT_RTOL) -> dict[str, Tensor]:
-    """``sigma_max``, ``sigma_min`` (smallest non-negligible), ``cond``, ``erank``, ``stable_rank``,
+    """``sigma_max``, ``sigma_min`` (smallest non-negligible), ``cond``, ``erank``, ``frobenius_stable_rank``,
     ``rank99`` of ``σ: [..., k]``, each ``[...]``."""
     top = sigma.amax(dim=-1)
     cond = condition_number(sigma, rtol)
@@ -67,7 +69,7 @@ def spectrum_summary(sigma: Tensor, rtol: float = DEFAULT_RTOL) -> dict[str, Ten
         "sigma_min": top / cond,
         "cond": cond,
         "erank": effective_rank(sigma),
-        "stable_rank": stable_rank(sigma),
+        "frobenius_stable_rank": frobenius_stable_rank(sigma),
         "rank99": numerical_rank(sigma),
     }
 

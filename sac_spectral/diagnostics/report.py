@@ -5,13 +5,13 @@
 >>> logger.scalars(rep.scalars, step)       # a RunLogger: one tag per value       # doctest: +SKIP
 
 :func:`network_diagnostics` takes any closure ``loss_fn(module, batch) → [..., B]`` instead (see
-:mod:`~sac_spectral.diagnostics.gradients`), e.g. the SAC losses of :mod:`~sac_spectral.agents.probes`.
+:mod:`~sac_spectral.diagnostics.gradients`), e.g. the agents' losses of :mod:`~sac_spectral.agents.probes`.
 
 Scalars (each ``[M]``, one value per member; ``<net>`` is ``name``):
 
-- ``grad_rank/<net>/{erank,cond,stable_rank,rank99}``: the per-example gradient matrix of all
+- ``grad_rank/<net>/{erank,cond,frobenius_stable_rank,rank99}``: the per-example gradient matrix of all
   selected parameters; ``grad_rank/<net>/layer<i>/…`` per linear/conv layer (``per_layer``).
-- ``spectral/<net>/layer<i>/{sigma_max,sigma_min,cond,erank,stable_rank}``: weight spectra.
+- ``spectral/<net>/layer<i>/{sigma_max,sigma_min,cond,erank,frobenius_stable_rank}``: weight spectra.
 - ``features/<net>/layer<i>/erank`` per hidden layer and ``features/<net>/erank`` (the last hidden
   layer, the features the output layer reads).
 - ``dormant/<net>/fraction`` (ReDo score ≤ ``tau``) and ``dormant/<net>/fraction_tau0`` (score 0)
@@ -39,8 +39,8 @@ from sac_spectral.diagnostics.gradients import ALL, LossFn, Method, gradient_spe
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
 from sac_spectral.diagnostics.spectra import weight_spectra
 
-GRAD_KEYS = ("erank", "cond", "stable_rank", "rank99")
-WEIGHT_KEYS = ("sigma_max", "sigma_min", "cond", "erank", "stable_rank")
+GRAD_KEYS = ("erank", "cond", "frobenius_stable_rank", "rank99")
+WEIGHT_KEYS = ("sigma_max", "sigma_min", "cond", "erank", "frobenius_stable_rank")
 
 
 @dataclass

@@ -6,13 +6,17 @@
 """
 
 from sac_spectral.regularizers.base import Regularizer, regularized_step
+from sac_spectral.regularizers.cbp import CBP
 from sac_spectral.regularizers.l2 import L2
 from sac_spectral.regularizers.l2_init import L2Init
+from sac_spectral.regularizers.nap import NaP
 from sac_spectral.regularizers.parseval import Parseval
+from sac_spectral.regularizers.plasticity_injection import PlasticityInjection
 from sac_spectral.regularizers.redo import ReDo
 from sac_spectral.regularizers.registry import (
     REGISTRY,
     build_regularizers,
+    parameter_copies,
     register,
     validate_specs,
 )
@@ -23,6 +27,6 @@ from sac_spectral.regularizers.spectral_norm import SpectralNorm
 from sac_spectral.regularizers.wasserstein_init import WassersteinInit
 
 __all__ = [
-    "L2", "L2Init", "Parseval", "REGISTRY", "ReDo", "Regularizer", "Reset", "ShrinkPerturb", "Spectral",
-    "SpectralNorm", "WassersteinInit", "build_regularizers", "register", "regularized_step", "validate_specs",
+    "CBP", "L2", "L2Init", "NaP", "Parseval", "PlasticityInjection", "REGISTRY", "ReDo", "Regularizer", "Reset", "ShrinkPerturb", "Spectral",
+    "SpectralNorm", "WassersteinInit", "build_regularizers", "parameter_copies", "register", "regularized_step", "validate_specs",
 ]

@@ -91,7 +91,10 @@ class HiddenLayer:
 
 
 def hidden_layers(module: nn.Module) -> list[HiddenLayer]:
-    """The hidden layers of a BatchedMLP or an nn.Sequential, in order; ``ValueError`` otherwise."""
+    """The hidden layers of a BatchedMLP or an nn.Sequential, in order, or the units a network
+    names itself (``hidden_units()``: a residual network's inner block units); ``ValueError`` otherwise."""
+    if hasattr(module, "hidden_units"):
+        return [HiddenLayer(producer, consumers, 1, True, norms) for producer, consumers, norms in module.hidden_units()]
     if isinstance(module, BatchedMLP):
         norms = list(module.norms) if module.norms is not None else []
         consumers = [[layer] for layer in module.layers[1:]] + [list(module.heads)]

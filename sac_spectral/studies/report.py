@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from sac_spectral.core.config import ConfigError
-from sac_spectral.runs.layout import SUMMARY_TASKS
+from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY_TASKS
 from sac_spectral.studies.figures import METRICS, PAIR, figures, padded
 from sac_spectral.studies.results import (
     Aligned,
@@ -33,6 +33,7 @@ from sac_spectral.studies.results import (
     final_scores,
     load,
     priming_diagnostics,
+    read_mapping,
 )
 
 
@@ -212,6 +213,51 @@ def _first_last_section(al: Aligned, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def diagnostic_values(study: Study, tags: Sequence[str]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """``{tag: {method: {task: [final value per seed]}}}`` from the runs' TensorBoard events; a tag
+    no run logged is a one-line error naming some that were."""
+    from sac_spectral.studies.events import final_values, logged_tags
+
+    out: dict[str, dict[str, dict[str, list[float]]]] = {t: {} for t in tags}
+    for curve in study.curves:
+        index = curve.seed - int(read_mapping(curve.run / CONFIG_FILE).get("seed", curve.seed))
+        for tag, value in final_values(curve.run, tags, index).items():
+            out[tag].setdefault(curve.method, {}).setdefault(curve.task, []).append(value)
+    missing = [t for t, by in out.items() if not by]
+    if missing:
+        known = logged_tags(study.curves[0].run) if study.curves else []
+        hint = ", ".join(t for t in known if t.startswith(("features/", "active/", "weights/", "grad_rank/", "dormant/",
+                                                           "churn/", "grads/", "spectral/")))[:400]
+        raise ConfigError(f"--diagnostics: no run logged {', '.join(missing)}; logged diagnostics include: {hint}")
+    return out
+
+
+def _diagnostics_section(study: Study, tags: Sequence[str], reps: int, seed: int, data: dict[str, Any]) -> list[str]:
+    """Final diagnostics per method: IQM over tasks × seeds with 95 % stratified-bootstrap CIs."""
+    from rliable import metrics
+
+    values = diagnostic_values(study, tags)
+    methods = list(dict.fromkeys(c.method for c in study.curves))
+    lines = ["", "## Diagnostics at the end of training (IQM over tasks × seeds, 95 % CI)", "",
+             "| method | " + " | ".join(f"`{t}`" for t in tags) + " |", "|---" * (len(tags) + 1) + "|"]
+    data["diagnostics"] = {}
+    for m in methods:
+        cells, row = [], {}
+        for tag in tags:
+            by_task = values[tag].get(m, {})
+            n = min((len(v) for v in by_task.values()), default=0)
+            if n == 0:
+                cells.append("—")
+                continue
+            arr = np.array([v[:n] for v in by_task.values()]).T  # [seeds, tasks]
+            point, interval = interval_estimates({m: arr}, lambda s: np.array([metrics.aggregate_iqm(s)]), reps, seed)
+            row[tag] = [float(point[m][0]), float(interval[m][0, 0]), float(interval[m][1, 0])]
+            cells.append(_ci(*row[tag], one_seed=n == 1))
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        data["diagnostics"][m] = row
+    return lines
+
+
 def _priming_section(study: Study, data: dict[str, Any]) -> list[str]:
     primed = priming_diagnostics(study)
     if not primed:
@@ -237,7 +283,8 @@ CAPTIONS = {
 
 
 def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, baseline: str, pngs: list[str],
-                 reps: int, sources: Sequence[str], cautions: list[str]) -> dict[str, Any]:
+                 reps: int, sources: Sequence[str], cautions: list[str], diagnostics: Sequence[str] = (),
+                 seed: int = 0) -> dict[str, Any]:
     """Write ``report.md`` and ``report.json``; returns what ``report.json`` holds."""
     one_seed = all(len(s) == 1 for s in al.seeds.values())
     metrics = list(METRICS) if study.normalized else list(METRICS[:3])
@@ -251,6 +298,8 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
     if study.kind == "continual":
         lines += _first_last_section(al, data)
     lines += _priming_section(study, data)
+    if diagnostics:
+        lines += _diagnostics_section(study, diagnostics, reps, seed, data)
     lines += ["", "## What was cut or missing", ""]
     lines += [f"- {note}" for note in al.notes + study.missing] or ["- nothing"]
     lines += ["", "## Figures", ""]
@@ -285,6 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", help="method the others are compared with (default: the first)")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
+    parser.add_argument("--diagnostics", nargs="+", default=[], metavar="TAG",
+                        help="also tabulate these logged diagnostics' final values per method (IQM with 95 %% CIs), "
+                             "e.g. features/critic/stable_rank active/critic/fraction")
     args = parser.parse_args(argv)
     if not 0 <= args.seed < 2**32:
         raise ConfigError(f"--seed must be an integer in 0 .. 2**32 - 1 (numpy's seeds), got {args.seed}")
@@ -303,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     few = few_seeds(al)
     pngs = figures(al, st, study.kind, out, study.normalized, few and f"{few}: bootstrap CIs unreliable")
     cautions = report_warnings(study, al)
-    data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions)
+    data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions, args.diagnostics, args.seed)
     for w in cautions:
         print(f"warning: {w}", file=sys.stderr)
     for m, d in data["methods"].items():
