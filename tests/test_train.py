@@ -120,9 +120,11 @@ EVERY_METHOD = (
         ["critic.arch=bronet", "actor.arch=simba", "resets.every=500", "resets.what=last_layers", "resets.last_layers=2",
          "diagnostics.every=100", "diagnostics.batch_size=64",
          "critic.regularizers=[{name: redo, tau: 0.5, every: 90}, {name: spectral, coef: 1e-3}]"],
+        ["critic.arch=bronet", "actor.arch=simba", "critic.regularizers=[{name: cbp, replacement_rate: 0.01}]",
+         "actor.regularizers=[{name: nap}]"],
     ],
     ids=["rr2-resets-spectral", "two-seeds-rr0.5-diagnostics", "two-seeds-every-method", "td3-two-seeds-resets-redo",
-         "bronet-critic-simba-actor"],
+         "bronet-critic-simba-actor", "bronet-cbp-simba-nap"],
 )
 def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, extra):
     """Stop mid-episode at step 700, resume to 1300 (crossing a 1000-step episode end)."""
