@@ -51,7 +51,7 @@ from torch import Tensor, nn
 from sac_spectral.core.layers import checked_views
 from sac_spectral.core.reinit import draw, members_view
 from sac_spectral.regularizers.base import Regularizer, require
-from sac_spectral.regularizers.redo import HiddenLayer, hidden_layers
+from sac_spectral.regularizers.redo import HiddenLayer, feature_scores, hidden_layers
 from sac_spectral.regularizers.registry import register
 
 
@@ -117,21 +117,7 @@ class CBP(Regularizer):
         """This step's contribution ``c_i`` of every hidden unit on one probe batch: ``[M, H]`` per layer."""
         if self.probe is None:
             raise RuntimeError("cbp: call set_probe(fn) first; fn() returns a batch of the network's inputs")
-        feats: dict[int, Tensor] = {}
-        hooks = [
-            layer.consumers[0].register_forward_pre_hook(
-                lambda mod, args, i=i: feats.__setitem__(i, self.layers[i].feature_scores(args[0]))
-            )
-            for i, layer in enumerate(self.layers)
-        ]
-        training = self.module.training
-        try:
-            self.module.eval()
-            self.module(self.probe())
-        finally:
-            self.module.train(training)
-            for hook in hooks:
-                hook.remove()
+        feats = feature_scores(self.module, self.layers, self.probe())
         out = []
         for i, layer in enumerate(self.layers):
             magnitude = sum(outgoing_magnitude(c) for c in layer.consumers)

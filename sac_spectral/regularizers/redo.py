@@ -127,6 +127,28 @@ def hidden_layers(module: nn.Module) -> list[HiddenLayer]:
     return out
 
 
+@torch.no_grad()
+def feature_scores(module: nn.Module, layers: list[HiddenLayer], inputs: Tensor) -> list[Tensor]:
+    """Mean |activation| ``[M, in]`` of every input feature of each layer's consumers, from one
+    forward of ``inputs`` in eval mode (no BatchNorm statistics are updated)."""
+    feats: dict[int, Tensor] = {}
+    hooks = [
+        layer.consumers[0].register_forward_pre_hook(
+            lambda mod, args, i=i: feats.__setitem__(i, layers[i].feature_scores(args[0]))
+        )
+        for i, layer in enumerate(layers)
+    ]
+    training = module.training
+    try:
+        module.eval()
+        module(inputs)
+    finally:
+        module.train(training)
+        for hook in hooks:
+            hook.remove()
+    return [feats[i] for i in range(len(layers))]
+
+
 def _unit_mask(param: Tensor, layer: nn.Module, units: Tensor, axis: int) -> Tensor:
     """``units [n]`` as a mask broadcast over one member's slice of ``param`` along ``axis``."""
     shape = [1] * member_param(param, layer, 0).dim()
@@ -159,22 +181,8 @@ class ReDo(Regularizer):
         """Normalized scores ``[M, H]`` of every hidden layer on one probe batch."""
         if self.probe is None:
             raise RuntimeError("redo: call set_probe(fn) first; fn() returns a batch of the network's inputs")
-        feats: dict[int, Tensor] = {}
-        hooks = [
-            layer.consumers[0].register_forward_pre_hook(
-                lambda mod, args, i=i: feats.__setitem__(i, self.layers[i].feature_scores(args[0]))
-            )
-            for i, layer in enumerate(self.layers)
-        ]
-        training = self.module.training
-        try:
-            self.module.eval()
-            self.module(self.probe())
-        finally:
-            self.module.train(training)
-            for hook in hooks:
-                hook.remove()
-        return [normalized_scores(layer.unit_scores(feats[i])) for i, layer in enumerate(self.layers)]
+        feats = feature_scores(self.module, self.layers, self.probe())
+        return [normalized_scores(layer.unit_scores(f)) for layer, f in zip(self.layers, feats)]
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:
