@@ -68,3 +68,28 @@ def test_at_least_names_the_first_key_below_the_minimum():
     at_least(SimpleNamespace(a=1, b=0), 0, "a", "b")
     with pytest.raises(ConfigError, match=r"^b: must be >= 1, got 0$"):
         at_least(SimpleNamespace(a=1, b=0, c=-1), 1, "a", "b", "c")
+
+
+def test_bf16_support_is_read_from_the_cpu_flags(tmp_path):
+    from sac_spectral.core.precision import cpu_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw\n")
+    assert cpu_bf16(info) is False
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n")
+    assert cpu_bf16(info) is True
+    assert cpu_bf16(tmp_path / "missing") is None
+
+
+def test_bf16_on_a_cpu_without_it_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
+    import sac_spectral.agents.config as agent_config
+    from sac_spectral.runs.cli import run_cli
+    from sac_spectral.train import main
+
+    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: False)
+    assert run_cli(main, ["precision=bf16", f"run_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no native bf16" in err and "precision=fp32" in err
+    assert not (tmp_path / "r").exists()
+    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: None)  # flags unknown: nothing is claimed
+    merge_sources(TrainConfig, {}, ["precision=bf16"])

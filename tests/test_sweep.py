@@ -317,11 +317,14 @@ def test_priming_methods_are_the_run_configs_of_the_same_names():
         assert ours == theirs, trial.method
 
 
-def test_cost_model_measures_each_agent_config_once():
+def test_cost_model_measures_each_agent_config_once(monkeypatch):
     """The dry run's cached update time is keyed on the resolved agent config: fp32 and bf16 (or
     compiled) trials are timed separately; trials that differ only in seed or length share one."""
+    import sac_spectral.agents.config as agent_config
     from sac_spectral.studies.cost import CostModel, update_key
     from sac_spectral.train import TrainConfig
+
+    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
 
     small = ["env=dmc:cartpole-balance", "batch_size=8", "actor.hidden=[8]", "critic.hidden=[8]", "total_steps=50",
              "eval_every=0", "eval_episodes=1"]

@@ -15,7 +15,7 @@ from sac_spectral.agents.probes import DiagnosticsConfig
 from sac_spectral.core.config import at_least, check, option, section
 from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS
-from sac_spectral.core.precision import PRECISIONS
+from sac_spectral.core.precision import BF16_FLAGS, PRECISIONS, cpu_bf16
 from sac_spectral.core.residual import ARCHS
 from sac_spectral.regularizers import validate_specs
 
@@ -189,6 +189,9 @@ class TrainConfig(SACConfig):
             f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
         )
         check_device(self.device)
+        check(self.precision != "bf16" or not self.device.startswith("cpu") or cpu_bf16() is not False, "precision",
+              f"bf16: this CPU has no native bf16 matmuls ({' or '.join(BF16_FLAGS)} among its flags), so bf16 would "
+              "run emulated, slower than fp32; use precision=fp32")
         agent = agent_class(self.agent)
         check(not self.compile or agent.compiles, "compile",
               f"agent '{self.agent}' has no compiled update; use compile=false (agents with one: "
