@@ -22,6 +22,7 @@ from sac_spectral.policy import load_policy, play_episodes
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
+from sac_spectral.runs.video import library_loads
 from sac_spectral.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -313,19 +314,7 @@ def test_train_refuses_an_unknown_mujoco_gl_in_one_line(tmp_path, video):
     _refused(out, "MUJOCO_GL='bogus'", "egl, osmesa, glfw or disable")
 
 
-def _osmesa_installed() -> bool:
-    import ctypes
-
-    for name in ["libOSMesa.so", *(f"libOSMesa.so.{i}" for i in range(10))]:
-        try:
-            ctypes.CDLL(name)
-        except OSError:
-            continue
-        return True
-    return False
-
-
-@pytest.mark.skipif(_osmesa_installed(), reason="libOSMesa is installed here")
+@pytest.mark.skipif(library_loads("OSMesa"), reason="libOSMesa is installed here")
 def test_play_says_in_one_line_that_osmesa_is_missing(run_dir, tmp_path):
     for args in ([], ["--video", tmp_path / "v.gif"]):
         out = play(run_dir, "--episodes", "1", *args, env={"MUJOCO_GL": "osmesa"})

@@ -19,8 +19,7 @@ import torch
 from torch import Tensor
 
 from sac_spectral.agents.base import Agent, Metrics
-from sac_spectral.agents.replay import ReplayBuffer
-from sac_spectral.core.seeding import derive_seed
+from sac_spectral.agents.replay import ReplayBuffer, distinct_rows
 from sac_spectral.diagnostics.plasticity import ParamSnapshot, UpdateProbe, feature_metrics, weight_metrics
 
 #: transitions in the reference batch of churn
@@ -55,16 +54,11 @@ class PlasticityProbes:
                 out[tag] = self.agent.per_seed(net, value)
         return out
 
-    def _reference(self, buffer: ReplayBuffer, tick: int) -> dict[str, Tensor]:
-        b = min(REFERENCE_BATCH, len(buffer))
-        gens = [torch.Generator(device=buffer.device).manual_seed(derive_seed(s, f"churn/{tick}")) for s in self.seeds]
-        return buffer.gather(torch.stack([torch.randperm(len(buffer), generator=g, device=g.device)[:b] for g in gens]))
-
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int) -> tuple[Metrics, Metrics]:
         """``agent.train_steps`` with the last update measured: its metrics, and the per-seed
         gradient norm, effective learning rate and churn of that update."""
         agent = self.agent
-        ref = self._reference(buffer, agent.num_updates + count)
+        ref = buffer.gather(distinct_rows(buffer, REFERENCE_BATCH, self.seeds, f"churn/{agent.num_updates + count}")[0])
         probes = {net: UpdateProbe(module, net) for net, module in agent.nets().items()}
         inputs = {"actor": ref["obs"], "critic": agent.critic_inputs(ref["obs"], ref["action"])}
 

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from sac_spectral.agents.plasticity import feature_scalars
+from sac_spectral.agents.replay import distinct_rows
 from sac_spectral.core.config import at_least, check, option
-from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics.gradients import METHODS, LossFn
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
 from sac_spectral.diagnostics.report import Report, network_diagnostics
@@ -61,11 +61,10 @@ def probe_batch(
     generators of their own."""
     if len(buffer) == 0:
         raise RuntimeError("cannot draw a probe batch from an empty replay buffer")
-    b = min(batch_size, len(buffer))
-    gens = [torch.Generator(device=buffer.device).manual_seed(derive_seed(s, f"diagnostics/{tick}")) for s in seeds]
-    idx = torch.stack([torch.randperm(len(buffer), generator=g, device=g.device)[:b] for g in gens])
-    noise = torch.stack([torch.randn((2, b, agent.act_dim), generator=g, device=g.device) for g in gens], dim=1)
+    idx, gens = distinct_rows(buffer, batch_size, seeds, f"diagnostics/{tick}")
+    noise = torch.stack([torch.randn((2, idx.shape[1], agent.act_dim), generator=g, device=g.device) for g in gens], dim=1)
     return buffer.gather(idx), noise
+
 
 
 def critic_td_loss(agent: Agent, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:

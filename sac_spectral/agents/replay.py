@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sac_spectral.core.seeding import derive_seed
+
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
@@ -106,3 +108,12 @@ class ReplayBuffer:
                 raise ValueError(f"checkpoint buffer '{k}' has shape {tuple(v.shape)}, expected [{self.num_seeds}, n, ...]")
             self.storage[k][:, : v.shape[1]] = v.to(self.device)
         self.ptr, self.size = int(state["ptr"]), int(state["size"])
+
+
+def distinct_rows(buffer: ReplayBuffer, size: int, seeds: Sequence[int], purpose: str
+                  ) -> tuple[Tensor, list[torch.Generator]]:
+    """``[N, min(size, len(buffer))]`` distinct buffer rows per seed, drawn from generators seeded
+    by ``derive_seed(seed, purpose)`` (never the agent's streams), and those generators."""
+    b = min(size, len(buffer))
+    gens = [torch.Generator(device=buffer.device).manual_seed(derive_seed(s, purpose)) for s in seeds]
+    return torch.stack([torch.randperm(len(buffer), generator=g, device=g.device)[:b] for g in gens]), gens

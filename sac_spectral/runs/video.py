@@ -90,7 +90,7 @@ def gl_backend() -> str | None:
     if backend is None:
         raise ConfigError(f"MUJOCO_GL={value!r} is not an OpenGL backend dm_control knows; "
                           "use egl, osmesa, glfw or disable (or unset it)")
-    if backend in GL_LIBRARIES and not _loads(GL_LIBRARIES[backend][0]):
+    if backend in GL_LIBRARIES and not library_loads(GL_LIBRARIES[backend][0]):
         library, packages = GL_LIBRARIES[backend]
         other = "egl" if backend == "osmesa" else "osmesa"
         raise ConfigError(f"MUJOCO_GL={backend} needs lib{library}, which is not installed (Debian: apt-get install "
@@ -98,7 +98,7 @@ def gl_backend() -> str | None:
     return backend
 
 
-def _loads(library: str) -> bool:
+def library_loads(library: str) -> bool:
     """Whether ``lib<library>.so`` loads, under the names PyOpenGL tries."""
     import ctypes
 
