@@ -54,6 +54,8 @@ def describe(cfg: TrainConfig, seeds: Sequence[int], threads: str) -> str:
     ]
     if cfg.resets.every:
         parts.append(f"resets ({cfg.resets.what}) every {cfg.resets.every}")
+    if cfg.resets.at:
+        parts.append(f"resets ({cfg.resets.what}) at {', '.join(map(str, cfg.resets.at))}")
     if cfg.priming.updates:
         parts.append(f"priming {cfg.priming.updates} updates on the first {cfg.priming.transitions} transitions")
     parts.append(f"{cfg.device}, {threads}")

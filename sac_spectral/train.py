@@ -195,8 +195,7 @@ class Trainer(RLRun):
         return self.agent.act(torch.as_tensor(self.pool.obs, device=self.device)).cpu().numpy()
 
     def _reset_due(self) -> bool:
-        every = self.cfg.resets.every
-        return bool(every) and self.step > 0 and self.step % every == 0 and self.last_reset < self.step
+        return self.step > 0 and self.cfg.resets.due(self.step) and self.last_reset < self.step
 
     def _reset(self) -> None:
         """Nikishin et al.'s reset (the buffer stays). A run that ends at a reset step skips it (its
@@ -276,7 +275,9 @@ class Trainer(RLRun):
 class Priming:
     """Heavy priming: ``priming.updates`` updates on the transitions stored so far, in chunks, with
     diagnostics before and after (``priming/before/…``, ``priming/after/…``, and in ``summary.json``)
-    and the losses under ``priming/…`` by priming update; a checkpoint every ``PRIMING_CHECKPOINT``."""
+    and, under ``priming/…`` by priming update, the losses and the plasticity metrics of each chunk's
+    last update (gradient norm, effective learning rate, churn, weight magnitude and distance from
+    init; the last chunk's are in ``after`` too); a checkpoint every ``PRIMING_CHECKPOINT``."""
 
     def __init__(self, trainer: Trainer, run: Run) -> None:
         self.trainer, self.run_ = trainer, run
@@ -286,20 +287,23 @@ class Priming:
         total = cfg.priming.updates
         if t.primed == 0 and cfg.diagnostics.every:
             t.priming_report["before"] = t.diagnose("priming/before/")
+        measured: dict[str, torch.Tensor] = {}
         while t.primed < total:
             n = min(PRIMING_CHUNK, total - t.primed)
-            info = t.agent.train_steps(t.buffer, n, cfg.batch_size)
+            info, measured = t.plasticity.train_steps(t.buffer, n, cfg.batch_size)
             t.primed += n
             self.run_.tick()
             if not tensor_is_finite(info):
                 raise NonFinite
-            t.logger.scalars({f"priming/{k}": v for k, v in {**info, **t.agent.metrics()}.items()}, t.primed)
+            measured.update(t.plasticity.weights())
+            t.logger.scalars({f"priming/{k}": v for k, v in {**info, **t.agent.metrics(), **measured}.items()}, t.primed)
             t.bar.set_postfix({**t.postfix, "priming": f"{t.primed}/{total}"})
             self.run_.check_stop()
             if t.primed % PRIMING_CHECKPOINT == 0 and t.primed < total:
                 self.run_.checkpoint()
         if cfg.diagnostics.every:
-            t.priming_report["after"] = t.diagnose("priming/after/")
+            after = {k: v.tolist() for k, v in measured.items()}
+            t.priming_report["after"] = {**t.diagnose("priming/after/"), **after}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -307,14 +307,27 @@ def test_priming_methods_are_the_run_configs_of_the_same_names():
     from sac_spectral.train import TrainConfig
 
     s = spec.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), [])
-    assert [t.id for t in s.trials] == ["unprimed/s0-4", "sac/s0-4", "resets/s0-4", "spectral/s0-4"]
-    for trial in s.trials:
+    assert [t.id for t in s.trials] == ["sac/s0-4", "unprimed/s0-4", "resets_after_priming/s0-4", "spectral/s0-4",
+                                        "resets/s0-4"]
+    for trial in (t for t in s.trials if t.method != "resets_after_priming"):
         ours = to_dict(merge_sources(TrainConfig, s.base, [*trial.overrides, "num_seeds=1"]))
         theirs = to_dict(load_config(TrainConfig, ROOT / f"run_configs/priming_{trial.method.replace('unprimed', 'sac')}.yaml"))
         if trial.method == "unprimed":
             assert theirs["priming"]["updates"] > 0
             theirs["priming"]["updates"] = 0
         assert ours == theirs, trial.method
+
+
+def test_the_priming_toolbox_sweeps_resolve_every_arm_on_the_shared_protocol():
+    """The toolbox arms are the primed protocol with one change each (their trials are valid run
+    configs, the same 5 seeds, and only the named keys differ from primed SAC)."""
+    s = spec.load_sweep(str(ROOT / "run_configs/sweeps/priming_methods.yaml"), [])
+    a = spec.load_sweep(str(ROOT / "run_configs/sweeps/priming_archs.yaml"), [])
+    assert [t.method for t in s.trials + a.trials] == ["layer_norm", "nap", "cbp", "plasticity_injection", "redo",
+                                                      "shrink_perturb", "bronet", "simba"]
+    assert spec.invalid_trials(s) == {} and spec.invalid_trials(a) == {}
+    assert all(t.seeds == [0, 1, 2, 3, 4] for t in s.trials + a.trials)
+    assert s.base == a.base == spec.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), []).base
 
 
 def test_cost_model_measures_each_agent_config_once(monkeypatch):

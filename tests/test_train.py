@@ -203,6 +203,20 @@ def test_evaluation_at_a_reset_step_scores_the_trained_agent_also_across_a_resum
     _assert_same_state(_params(straight), _params(ended))
 
 
+@pytest.mark.slow
+def test_resets_at_listed_steps_equal_a_periodic_reset_at_the_same_step(tmp_path):
+    """``resets.at=[300]`` in a 400-step run resets once at 300, as ``resets.every=300`` does; the
+    two runs end with the same parameters, and differ from a run without a reset."""
+    dirs = {name: tmp_path / name for name in ("at", "every", "none")}
+    extra = {"at": ["resets.at=[300]"], "every": ["resets.every=300"], "none": []}
+    for name, d in dirs.items():
+        assert run(FAST + ["total_steps=400", "eval_every=0", f"run_dir={d}"] + extra[name]) == 0
+    at, every, none = (_params(d)["agent"] for d in dirs.values())
+    _assert_same_state(every, at)
+    with pytest.raises(AssertionError):
+        _assert_same_state(none, at)
+
+
 def test_every_evaluation_plays_fresh_episodes():
     from sac_spectral.envs.evaluate import eval_seed
 

@@ -119,8 +119,13 @@ class TD3Config:
 @dataclass
 class ResetConfig:
     every: int = option(0, "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. 2022: 200000)")
+    at: list[int] = option([], "also reset at these env steps, e.g. [100] with priming.transitions=100: once, right after priming")
     what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
     last_layers: int = option(1, "number of final levels re-drawn by what=last_layers (1 = the output heads)")
+
+    def due(self, step: int) -> bool:
+        """Whether env step ``step`` (≥ 1) is a reset step."""
+        return bool(self.every) and step % self.every == 0 or step in self.at
 
     def layers(self) -> int | None:
         """The levels a reset re-draws, counted as :func:`~sac_spectral.core.layers.layer_tail` counts
@@ -129,6 +134,7 @@ class ResetConfig:
 
     def validate(self) -> None:
         at_least(self, 0, "every")
+        check(all(isinstance(s, int) and s >= 1 for s in self.at), "at", f"must be env steps >= 1, got {self.at}")
         check(self.what in RESET_CHOICES, "what", f"'{self.what}' is not one of {', '.join(RESET_CHOICES)}")
         at_least(self, 1, "last_layers")
 
@@ -219,4 +225,4 @@ def run_tag(cfg: TrainConfig) -> str:
         tag = f"{cfg.agent}+{tag}"
     if cfg.priming.updates:
         tag += "+primed"
-    return f"{tag}+resets" if cfg.resets.every else tag
+    return f"{tag}+resets" if cfg.resets.every or cfg.resets.at else tag
