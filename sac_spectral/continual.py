@@ -29,8 +29,9 @@ from sac_spectral.runs.cli import (
     run_cli,
     set_torch_threads,
 )
-from sac_spectral.runs.evals import append_task_evals
-from sac_spectral.runs.layout import SUMMARY_TASKS
+from sac_spectral.runs.evals import append_rows
+from sac_spectral.runs.layout import EVALS
+from sac_spectral.continual_kind import KIND, SUMMARY_TASKS
 from sac_spectral.runs.logger import RunLogger, state_is_finite
 from sac_spectral.runs.memory import check_fits, supervised_estimate
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every
@@ -101,7 +102,7 @@ class ContinualRun:
     """What one continual run holds — data, stream, learner, counters, results — and its run
     directory and checkpoint state (the :class:`~sac_spectral.runs.run.Loop` side that is not the loop)."""
 
-    kind = "continual"
+    kind = KIND.name
 
     def __init__(self, cfg: ContinualConfig) -> None:
         self.cfg = cfg
@@ -162,7 +163,7 @@ class ContinualRun:
     def open_new(self) -> Path:
         cfg = self.cfg
         data = "linear" if cfg.stream.kind == "deep_linear" else cfg.dataset.name
-        self.run_dir = open_run_dir(cfg, f"{data}-{cfg.stream.kind}__{run_tag(cfg)}__s{cfg.seed}", CONTINUAL_ROOT)
+        self.run_dir = open_run_dir(cfg, self.kind, f"{data}-{cfg.stream.kind}__{run_tag(cfg)}__s{cfg.seed}", CONTINUAL_ROOT)
         self.logger = RunLogger(self.run_dir)
         return self.run_dir
 
@@ -244,7 +245,7 @@ class ContinualRunner(ContinualRun):
             "test_loss": test["loss"] if test else None,
         }
         self.results.append(row)
-        append_task_evals(self.logger.run_dir, row, self.cfg.seed, self.wall_time)
+        append_rows(self.logger.run_dir / EVALS, KIND.columns, [{**row, "seed": self.cfg.seed, "wall_time_s": self.wall_time}])
         for key, tag in (("train_acc", "train_acc"), ("test_acc", "test_acc"), ("loss", "loss"), ("test_loss", "test_loss")):
             if row[key] is not None:
                 self.logger.scalar(f"task/{tag}", row[key], task.index)

@@ -36,7 +36,9 @@ from sac_spectral.runs.checkpoint import (
     write_json,
 )
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, run_kind
+from sac_spectral.rl_kind import KIND
+from sac_spectral.runs.kinds import run_kind
+from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, Agent, ReplayBuffer, int]:
@@ -47,7 +49,7 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Agent, ReplayBuffer, int]:
     data = read_yaml(run_dir / CONFIG_FILE)
     state = load_checkpoint(run_dir / CHECKPOINT)
     saved = state.get("config")
-    if run_kind(saved if isinstance(saved, dict) else data, state) == "continual":
+    if run_kind(saved if isinstance(saved, dict) else data, state) != KIND.name:
         raise ConfigError(f"'{run_dir}' is a run of python -m sac_spectral.continual; diagnose reads RL runs of "
                           "python -m sac_spectral.train (a continual run logs these diagnostics to TensorBoard at "
                           "every task end, and every diagnostics_every iterations)")

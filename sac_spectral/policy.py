@@ -33,7 +33,9 @@ from sac_spectral.core.device import check_device
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.rl_run import check_format
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
-from sac_spectral.runs.layout import CHECKPOINT, run_kind
+from sac_spectral.rl_kind import KIND
+from sac_spectral.runs.kinds import run_kind
+from sac_spectral.runs.layout import CHECKPOINT
 
 _ACTOR = "actor."
 
@@ -162,7 +164,7 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
     path = checkpoint_path(run_dir_or_checkpoint)
     state = load_checkpoint(path, mmap=True)
     saved = state.get("config")
-    if run_kind(saved if isinstance(saved, Mapping) else {}, state) == "continual":
+    if run_kind(saved if isinstance(saved, Mapping) else {}, state) != KIND.name:
         raise CheckpointError(f"checkpoint {path} is a continual (supervised) run's; a policy comes from a run of "
                               "sac_spectral.train")
     try:

@@ -16,6 +16,7 @@ import torch
 
 from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
 from sac_spectral.agents.plasticity import PlasticityProbes
+from sac_spectral.rl_kind import KIND
 from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
 from sac_spectral.envs import EnvPool, UnknownEnvError, make_env
 from sac_spectral.envs.evaluate import eval_env_seed
@@ -119,7 +120,7 @@ class RLRun:
     """What one RL run holds — envs, agent, buffer, counters, evaluations — and its run directory
     and checkpoint state (the :class:`~sac_spectral.runs.run.Loop` side that is not the loop)."""
 
-    kind = "train"
+    kind = KIND.name
 
     def __init__(self, cfg: TrainConfig) -> None:
         limit = torch.get_num_threads()
@@ -159,7 +160,7 @@ class RLRun:
     # ----------------------------------------------------------------------------- run directory
     def open_new(self) -> Path:
         slug = self.cfg.env.replace(":", "-").replace("/", "-")
-        self.run_dir = open_run_dir(self.cfg, f"{slug}__{run_tag(self.cfg)}__{seed_label(self.seeds)}")
+        self.run_dir = open_run_dir(self.cfg, self.kind, f"{slug}__{run_tag(self.cfg)}__{seed_label(self.seeds)}")
         self.logger = RunLogger(self.run_dir, self.cfg.num_seeds)
         return self.run_dir
 

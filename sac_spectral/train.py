@@ -26,7 +26,9 @@ from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.rl_run import CHECKPOINT_FORMAT, RLRun, check_format
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.runs.evals import append_rl_evals
+from sac_spectral.rl_kind import KIND
+from sac_spectral.runs.evals import append_rows
+from sac_spectral.runs.layout import EVALS
 from sac_spectral.runs.logger import RunLogger, tensor_is_finite
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every
 from sac_spectral.runs.video import frame_schedule, record_episode, video_suffix
@@ -213,8 +215,9 @@ class Trainer(RLRun):
     def _eval_and_log(self) -> None:
         returns = self._evaluate(self._policy, len(self.evals))
         self.evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist()})
-        append_rl_evals(self.logger.run_dir, self.step, self.agent.num_updates, self.seeds, returns,
-                        self.cfg.eval_episodes, self.wall_time)
+        rows = [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
+                 "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time} for s, r in zip(self.seeds, returns)]
+        append_rows(self.logger.run_dir / EVALS, KIND.columns, rows)
         self.logger.per_seed("eval/return", returns.tolist(), self.step)
         self.postfix["eval"] = f"{float(returns.mean()):.1f}"
 

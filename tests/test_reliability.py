@@ -31,7 +31,8 @@ from sac_spectral.runs import checkpoint, cli, layout, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.evals import read_evals
-from sac_spectral.runs.layout import CHECKPOINT, SUMMARY, dir_kind, run_kind
+from sac_spectral.runs.kinds import dir_kind, run_kind
+from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
 from sac_spectral.runs.logger import state_is_finite
 from sac_spectral.studies import sweep, trial
 from sac_spectral.supervised.datasets import DataError, load_dataset
@@ -158,13 +159,18 @@ def test2_continual_resume_refuses_an_edited_key_and_accepts_an_edited_resumable
     assert load_checkpoint(cl_run / CHECKPOINT)["iteration"] == 60
 
 
-def test_the_checkpoint_and_summary_record_the_run_kind_and_readers_fall_back_to_the_config(rl_run, cl_run):
+def test_config_checkpoint_and_summary_record_the_run_kind_and_only_older_runs_are_told_by_their_keys(rl_run, cl_run):
     for run_dir, kind in ((rl_run, "train"), (cl_run, "continual")):
         assert load_checkpoint(run_dir / CHECKPOINT)["kind"] == kind
         assert json.loads((run_dir / SUMMARY).read_text())["kind"] == kind
-        assert dir_kind(run_dir, {}) == kind  # the summary's record wins over the config
-        (run_dir / SUMMARY).unlink()  # a run in progress, or one written before runs recorded their kind
+        assert (run_dir / "config.yaml").read_text().startswith(f"# kind: {kind} ")
+        assert dir_kind(run_dir, {}) == kind  # the summary's record
+        (run_dir / SUMMARY).unlink()  # a run in progress: config.yaml's first line says it
+        assert dir_kind(run_dir, {}) == kind
+        text = (run_dir / "config.yaml").read_text()
+        (run_dir / "config.yaml").write_text(text.split("\n", 1)[1])  # written before runs recorded their kind
         assert dir_kind(run_dir, read_yaml(run_dir / "config.yaml")) == kind
+        (run_dir / "config.yaml").write_text(text)
     assert run_kind({"env": "x"}, {"kind": "continual"}) == "continual" and run_kind({"env": "x"}, {}) == "train"
 
 

@@ -15,7 +15,9 @@ from conftest import SMALL, TOY_ID
 
 from sac_spectral.continual import main as continual_main
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.runs.evals import RL_COLUMNS, append_rows, read_evals
+from sac_spectral.rl_kind import COLUMNS as RL_COLUMNS
+from sac_spectral.runs.evals import append_rows, read_evals
+from sac_spectral.runs.kinds import RunKind, config_header, get_kind, kind_names, register_kind
 from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.studies import report, results
 from sac_spectral.train import main as train_main
@@ -184,7 +186,7 @@ def test_ragged_runs_are_cut_to_common_steps_and_seeds(tmp_path):
     np.testing.assert_allclose(al.scores["a"], scores["a"][:2, :, :3])
     assert any("seeds [2] left out" in n for n in al.notes)
     assert any("curves cut to 3000" in n and "up to 4000" in n for n in al.notes)
-    final = results.final_scores(al, "train")
+    final = results.final_scores(al, get_kind("train"))
     np.testing.assert_allclose(final["b"], scores["b"][:, :, 2])
 
 
@@ -197,7 +199,7 @@ def test_loose_runs_are_grouped_by_the_keys_in_which_they_differ(tmp_path):
     assert "critic.regularizers" in study.grouping and "critic.lr" not in study.grouping
     al = results.align(study)
     assert al.methods == ["critic.regularizers=[]", 'critic.regularizers=[{"coef": 0.001, "name": "spectral"}]']
-    np.testing.assert_allclose(results.final_scores(al, "train")[al.methods[1]][:, 0], [0.6, 0.61])
+    np.testing.assert_allclose(results.final_scores(al, get_kind("train"))[al.methods[1]][:, 0], [0.6, 0.61])
 
 
 def test_priming_diagnostics_per_method_with_the_largest_sigma(tmp_path):
@@ -228,7 +230,7 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "cl").mkdir()
     (tmp_path / "cl" / "config.yaml").write_text(yaml.safe_dump({"stream": {"kind": "random_label"}, "seed": 0}))
     assert run_cli(report.main, [str(tmp_path)]) == 2
-    assert "mix RL and continual runs" in capsys.readouterr().err
+    assert "mix continual and train runs" in capsys.readouterr().err
     assert run_cli(report.main, [str(tmp_path / "rl"), "--baseline", "nope"]) == 2
     assert "--baseline 'nope' is not one of the methods: runs" in capsys.readouterr().err
 
@@ -267,3 +269,43 @@ def test_diagnostics_table_is_the_iqm_of_each_methods_final_values(known, tmp_pa
     assert "## Diagnostics at the end of training" in (out / "report.md").read_text()
     assert run_cli(report.main, [str(root), "--out", str(out), "--diagnostics", "features/nope"]) == 2
     assert "no run logged features/nope" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------- run kinds
+def test_the_installed_run_kinds_are_found_and_an_unknown_one_is_a_one_line_error():
+    assert {"train", "continual"} <= set(kind_names())
+    assert get_kind("train").load("config").__name__ == "TrainConfig"
+    with pytest.raises(Exception, match=r"^unknown run kind 'bandit'; known: .*continual.*train"):
+        get_kind("bandit")
+
+
+def test_a_kind_registered_by_other_code_is_read_and_reported_with_its_own_columns_and_labels(tmp_path):
+    """A runner of another package: its runs name their kind in config.yaml and write their own
+    evals.csv columns; the report reads them through the registered kind alone."""
+    kind = RunKind(name="coinflip", runner="coinflip.run", title="coin flips (coinflip.run)", config="coinflip:Config",
+                   cost="coinflip:cost", unit="flips", columns=("round", "seed", "heads"), x="round",
+                   x_label="round", score="heads", score_label="fraction of heads", raw_label="heads", test=None,
+                   task_keys=("coin",), window=2, members=False, scale=lambda config: 1.0,
+                   history=lambda summary: [], names_run=lambda summary, config: True)
+    register_kind(kind)
+    try:
+        for method, bias in (("fair", 0.5), ("loaded", 0.9)):
+            for seed in range(3):
+                run_dir = tmp_path / f"{method}_s{seed}"
+                run_dir.mkdir()
+                (run_dir / "config.yaml").write_text(config_header("coinflip") + yaml.safe_dump({"coin": "euro", "bias": bias, "seed": seed}))
+                for r in range(1, 5):
+                    append_rows(run_dir / "evals.csv", kind.columns, [{"round": r, "seed": seed, "heads": bias + 0.01 * seed}])
+        study = results.load([str(tmp_path)])
+        assert study.kind is kind and study.normalized
+        al = results.align(study)
+        final = results.final_scores(al, kind)
+        np.testing.assert_allclose(sorted(final[m].mean() for m in al.methods), [0.51, 0.91])
+        assert run_cli(report.main, [str(tmp_path), "--reps", "50", "--out", str(tmp_path / "out")]) == 0
+        text = (tmp_path / "out" / "report.md").read_text()
+        assert "Kind: coin flips (coinflip.run); score: fraction of heads; final score: the mean over the last 2" in text
+    finally:
+        from sac_spectral.runs import kinds
+
+        kinds._KINDS.pop("coinflip", None)
+

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
+from sac_spectral.runs.kinds import get_kind
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.runs.evals import RL_COLUMNS
+from sac_spectral.rl_kind import COLUMNS as RL_COLUMNS
 from sac_spectral.studies import report, results
 
 pytest.importorskip("rliable")
@@ -53,7 +54,7 @@ def test_unsorted_evaluations_are_sorted_by_step(tmp_path, order):
         make_run(root / f"s{seed}", "dmc:cheetah-run", seed, [(s, value[s] + seed) for s in order])
     al = results.align(results.load([str(root)]))
     np.testing.assert_array_equal(al.x, [1000, 2000, 3000])
-    np.testing.assert_allclose(results.final_scores(al, "train")["runs"][:, 0], [0.9, 0.901])
+    np.testing.assert_allclose(results.final_scores(al, get_kind("train"))["runs"][:, 0], [0.9, 0.901])
     assert report_of(root, tmp_path) == 0
     assert json.loads((tmp_path / "out" / "report.json").read_text())["final_x"] == 3000
 

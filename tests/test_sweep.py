@@ -235,7 +235,7 @@ def test_grid_and_seed_packing_name_the_trials(tmp_path):
 @pytest.mark.parametrize(
     "data, overrides, fragment",
     [
-        ({"kind": "rl"}, [], "kind: 'rl' is not one of train, continual"),
+        ({"kind": "rl"}, [], "kind: 'rl' is not one of continual, train"),
         ({"methodz": {}}, [], "unknown config key 'methodz' (did you mean 'methods'?)"),
         ({}, [], "methods: give at least one named override set"),
         ({"methods": {"a": {"seed": 3}}}, [], "methods.a: 'seed' is set by the sweep"),
@@ -334,7 +334,8 @@ def test_cost_model_measures_each_agent_config_once(monkeypatch):
     """The dry run's cached update time is keyed on the resolved agent config: fp32 and bf16 (or
     compiled) trials are timed separately; trials that differ only in seed or length share one."""
     import sac_spectral.agents.config as agent_config
-    from sac_spectral.studies.cost import CostModel, update_key
+    from sac_spectral.rl_cost import estimate_cost, update_key
+    from sac_spectral.studies.cost import CostModel
     from sac_spectral.train import TrainConfig
 
     monkeypatch.setattr(agent_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
@@ -346,9 +347,9 @@ def test_cost_model_measures_each_agent_config_once(monkeypatch):
             for o in ([], ["seed=3", "total_steps=99"], ["precision=bf16"], ["compile=true"], ["critic.hidden=[16]"])}
     assert len(keys) == 4
     model = CostModel(threads=1)
-    updates, _ = model.train(cfg)
+    updates, _ = estimate_cost(cfg, model)
     assert updates == cfg.total_updates
-    model.train(merge_sources(TrainConfig, {}, [*small, "seed=4"]))
+    estimate_cost(merge_sources(TrainConfig, {}, [*small, "seed=4"]), model)
     n = len(model.cache)
-    model.train(merge_sources(TrainConfig, {}, [*small, "precision=bf16"]))
+    estimate_cost(merge_sources(TrainConfig, {}, [*small, "precision=bf16"]), model)
     assert len(model.cache) == n + 1

@@ -1,8 +1,9 @@
 """``<run_dir>/evals.csv``: every evaluation of a run, appended as the run goes.
 
 A plain CSV that a report (or a person) can read while the run is still going, without
-TensorBoard or the checkpoint. RL runs write one row per seed and evaluation, continual runs one
-row per task end (empty cell = not measured, e.g. the test accuracy of a stream without a test set):
+TensorBoard or the checkpoint. Its columns are the run kind's (:attr:`RunKind.columns
+<sac_spectral.runs.kinds.RunKind>`); an empty cell is not measured. RL runs write one row per seed
+and evaluation, continual runs one row per task end:
 
     step,seed,updates,return,episodes,wall_time_s           # RL: mean return over `episodes`
     task,iteration,seed,train_acc,test_acc,loss,test_loss,wall_time_s   # continual
@@ -18,15 +19,15 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sac_spectral.runs.layout import EVALS
 
-RL_COLUMNS = ("step", "seed", "updates", "return", "episodes", "wall_time_s")
-CONTINUAL_COLUMNS = ("task", "iteration", "seed", "train_acc", "test_acc", "loss", "test_loss", "wall_time_s")
-INTEGER_COLUMNS = frozenset({"step", "seed", "updates", "episodes", "task", "iteration"})
+#: a cell written from an int (floats are written with their point or exponent)
+INTEGER = re.compile(r"^-?\d+$")
 
 
 def _cell(value: Any) -> str:
@@ -50,21 +51,6 @@ def append_rows(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, 
         f.write("".join(",".join(_cell(row.get(c)) for c in columns) + "\n" for row in rows))
 
 
-def append_rl_evals(
-    run_dir: Path, step: int, updates: int, seeds: Sequence[int], returns: Sequence[float], episodes: int,
-    wall_time: float,
-) -> None:
-    """One RL evaluation: the mean return over ``episodes`` episodes of each seed."""
-    rows = [{"step": step, "seed": s, "updates": updates, "return": float(r), "episodes": episodes,
-             "wall_time_s": wall_time} for s, r in zip(seeds, returns)]
-    append_rows(Path(run_dir) / EVALS, RL_COLUMNS, rows)
-
-
-def append_task_evals(run_dir: Path, row: Mapping[str, Any], seed: int, wall_time: float) -> None:
-    """One continual task end: the runner's per-task row (task, iteration, accuracies, losses)."""
-    append_rows(Path(run_dir) / EVALS, CONTINUAL_COLUMNS, [{**row, "seed": seed, "wall_time_s": wall_time}])
-
-
 def read_evals(run_dir: Path) -> list[dict[str, int | float | None]]:
     """The rows of ``<run_dir>/evals.csv`` ([] if there is none), numbers parsed, a cut-off last
     line skipped."""
@@ -76,5 +62,5 @@ def read_evals(run_dir: Path) -> list[dict[str, int | float | None]]:
         text = text[: text.rfind("\n") + 1]
     rows = []
     for raw in csv.DictReader(text.splitlines()):
-        rows.append({k: None if v == "" else int(v) if k in INTEGER_COLUMNS else float(v) for k, v in raw.items()})
+        rows.append({k: None if v == "" else int(v) if INTEGER.match(v) else float(v) for k, v in raw.items()})
     return rows

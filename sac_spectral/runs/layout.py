@@ -2,19 +2,16 @@
 
 A run directory holds TensorBoard event files, the resolved ``config.yaml``,
 ``checkpoints/latest.pt``, ``evals.csv``, ``videos/`` (RL runs with ``video_every``) and, when the
-run completes, ``summary.json``. The checkpoint and ``summary.json`` record the run's kind
-(:data:`RUN_KINDS`); ``config.yaml`` holds only the config, so that it stays a valid ``--config``
-file and the source of ``--resume``. :func:`written_by_a_run` says which files a run stopped
+run completes, ``summary.json``. ``config.yaml``, the checkpoint and ``summary.json`` record the
+run's kind (:mod:`sac_spectral.runs.kinds`); ``config.yaml`` holds only the config below that
+comment line, so that it stays a valid ``--config`` file and the source of ``--resume``. :func:`written_by_a_run` says which files a run stopped
 before its first checkpoint may have left (the runners restart such a run, a sweep removes it).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT = Path("checkpoints") / "latest.pt"
@@ -28,34 +25,6 @@ EVENTS = "events.out.tfevents."
 TEMP_FILE = re.compile(r"^\.(latest\.pt|config\.yaml|summary\.json|evals\.csv)(\..+)?\.tmp$")
 #: a video of ``video_every`` in ``videos/`` (``step_<step>.mp4`` or ``.gif``) or its temporary file
 VIDEO_FILE = re.compile(r"^(step_\d+\.(mp4|gif)|\.step_\d+\.(mp4\..+\.mp4|gif\..+\.tmp))$")
-
-#: the kinds of run: an RL run of ``sac_spectral.train``, a continual run of ``sac_spectral.continual``
-RUN_KINDS = ("train", "continual")
-
-#: tasks averaged in a continual run's summary windows (its first and last ``SUMMARY_TASKS`` tasks)
-SUMMARY_TASKS = 5
-
-
-def run_kind(config: Mapping[str, Any], record: Any = None) -> str:
-    """The kind ``record`` (a run's checkpoint or ``summary.json``) names; without one (a run in
-    progress has no summary, and older runs recorded no kind) the kind its contents imply: an RL
-    run's config names an ``env`` and its checkpoint holds an ``agent``, a continual run's neither."""
-    record = record if isinstance(record, Mapping) else {}
-    kind = record.get("kind")
-    if kind in RUN_KINDS:
-        return kind
-    return "train" if "env" in config or "agent" in record else "continual"
-
-
-def dir_kind(run_dir: Path, config: Mapping[str, Any]) -> str:
-    """The kind of the run in ``run_dir`` whose ``config.yaml`` holds ``config`` (see :func:`run_kind`);
-    a missing or unreadable ``summary.json`` records nothing."""
-    try:
-        summary = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, ValueError):
-        summary = None
-    return run_kind(config, summary)
-
 
 def written_by_a_run(run_dir: Path) -> bool:
     """``run_dir`` holds nothing but what a run writes before its first checkpoint: its

@@ -100,7 +100,8 @@ class GracefulStop:
 
 class Loop(Protocol):
     """What a :class:`Run` drives: a fresh or resumed run, trained until done or stopped. ``kind``
-    (one of :data:`~sac_spectral.runs.layout.RUN_KINDS`) is recorded in the checkpoint and the summary."""
+    (a registered :class:`~sac_spectral.runs.kinds.RunKind`'s name) is recorded in ``config.yaml``,
+    the checkpoint and the summary."""
 
     kind: str
     cfg: Any
@@ -297,5 +298,5 @@ def _open_resumed(loop: Loop, cfg: Any, path: Path) -> None:
     except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as err:
         raise CheckpointError(f"checkpoint {path / CHECKPOINT} does not fit this run's config "
                               f"({type(err).__name__}: {one_line(err, 160)}); nothing was changed") from None
-    write_config(cfg, path)
+    write_config(cfg, loop.kind, path)
     remove_stale_temp_files(path)

@@ -22,6 +22,7 @@ from sac_spectral.core.config import (
     to_dict,
 )
 from sac_spectral.runs.checkpoint import NO_SPACE, atomic_write, load_checkpoint
+from sac_spectral.runs.kinds import config_header
 from sac_spectral.runs.layout import (
     CHECKPOINT,
     CONFIG_FILE,
@@ -156,10 +157,10 @@ def _make_dirs(path: Path) -> list[Path]:
     return missing
 
 
-def open_run_dir(cfg: Any, default_name: str, root: str = "runs") -> Path:
+def open_run_dir(cfg: Any, kind: str, default_name: str, root: str = "runs") -> Path:
     """Create a fresh run directory — ``cfg.run_dir``, or ``<root>/<default_name>__<time>`` stored
-    back into ``cfg`` — refusing a non-empty one, lock it and write the resolved ``config.yaml`` into
-    it. A directory that holds only a run stopped before its first checkpoint is reused (what that
+    back into ``cfg`` — refusing a non-empty one, lock it and write the resolved ``config.yaml`` of a
+    run of ``kind`` into it. A directory that holds only a run stopped before its first checkpoint is reused (what that
     run wrote is removed, :func:`clear_unstarted_run_dir`). If ``config.yaml`` cannot be written,
     what was created is removed."""
     if cfg.run_dir is None:
@@ -176,7 +177,7 @@ def open_run_dir(cfg: Any, default_name: str, root: str = "runs") -> Path:
                 raise ConfigError(f"run_dir '{path}' was filled by another process; choose another run_dir")
             clear_unstarted_run_dir(path)
             print(f"note: {path} held a run stopped before its first checkpoint; starting afresh in it", file=sys.stderr)
-        write_config(cfg, path)
+        write_config(cfg, kind, path)
     except BaseException as err:
         if created:
             release_run_dirs()
@@ -200,5 +201,12 @@ def reopen_run_dir(cfg: Any, path: Path) -> dict[str, Any]:
     return state
 
 
-def write_config(cfg: Any, run_dir: Path) -> None:
-    atomic_write(run_dir / CONFIG_FILE, lambda f: yaml.safe_dump(to_dict(cfg), f, sort_keys=False), mode="w")
+def write_config(cfg: Any, kind: str, run_dir: Path) -> None:
+    """``config.yaml``: the run's kind in a comment line (:func:`~sac_spectral.runs.kinds.config_header`),
+    then the resolved config."""
+
+    def write(f: Any) -> None:
+        f.write(config_header(kind))
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+
+    atomic_write(run_dir / CONFIG_FILE, write, mode="w")

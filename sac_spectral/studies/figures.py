@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from sac_spectral.runs.kinds import RunKind
 from sac_spectral.studies.results import Aligned
 
 METRICS = ("Median", "IQM", "Mean", "Optimality Gap")
@@ -162,7 +163,8 @@ def performance_profile(al: Aligned, st: dict[str, Any], colors: dict[str, Any],
     return fig
 
 
-def accuracy_per_task(al: Aligned, colors: dict[str, Any]) -> Any:
+def accuracy_per_task(al: Aligned, colors: dict[str, Any], kind: RunKind) -> Any:
+    """The score (and the held-out score, where measured) at every evaluation, per task."""
     import matplotlib.pyplot as plt
 
     splits = [("train", al.scores)] + ([("test", al.test)] if any(np.isfinite(a).any() for a in al.test.values()) else [])
@@ -176,9 +178,9 @@ def accuracy_per_task(al: Aligned, colors: dict[str, Any]) -> Any:
                 ax.plot(al.x, mean, color=colors[m], label=m, markevery=max(1, len(al.x) // 10), **_style(i))
                 ax.fill_between(al.x, mean - sd, mean + sd, color=colors[m], alpha=0.2)
             _few_ticks(ax, 5)
-            ax.set_title(f"{task}: end-of-task {split} accuracy (mean ± std over seeds)", fontsize="medium")
-            ax.set_xlabel("task")
-            ax.set_ylabel(f"{split} accuracy")
+            ax.set_title(f"{task}: {kind.score if split == 'train' else kind.test} (mean ± std over seeds)", fontsize="medium")
+            ax.set_xlabel(kind.x_label)
+            ax.set_ylabel(kind.score if split == "train" else str(kind.test))
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize="small")
@@ -186,30 +188,29 @@ def accuracy_per_task(al: Aligned, colors: dict[str, Any]) -> Any:
     return fig
 
 
-def build_figures(al: Aligned, st: dict[str, Any], kind: str, normalized: bool,
+def build_figures(al: Aligned, st: dict[str, Any], kind: RunKind, normalized: bool,
                   caveat: str | None = None) -> dict[str, Any]:
     """The report's figures by file name; ``caveat`` (e.g. too few seeds) is printed under each."""
     import matplotlib
 
     matplotlib.use("Agg")
     colors = _colors(al.methods)
-    xlabel = "env steps" if kind == "train" else "task"
-    score = ("normalized return" if normalized else "return") if kind == "train" else "train accuracy"
+    xlabel, score = kind.x_label, kind.score_label if normalized else kind.raw_label
     figs = {"iqm_curves.png": iqm_curves(al, st, colors, xlabel, score),
             "per_task_curves.png": per_task_curves(al, st, colors, xlabel, score),
             "final_scores.png": final_scores(al, st, colors, score, normalized)}
     if st["poi_point"]:
         figs["probability_of_improvement.png"] = improvement(st, colors)
     figs["performance_profile.png"] = performance_profile(al, st, colors, score)
-    if kind == "continual":
-        figs["accuracy_per_task.png"] = accuracy_per_task(al, colors)
+    if kind.window > 1 and kind.test:
+        figs["accuracy_per_task.png"] = accuracy_per_task(al, colors, kind)
     if caveat:
         for fig in figs.values():
             fig.text(0.5, 0.0, f"caution: {caveat}", ha="center", va="top", color="firebrick", fontsize="small")
     return figs
 
 
-def figures(al: Aligned, st: dict[str, Any], kind: str, out: Path, normalized: bool,
+def figures(al: Aligned, st: dict[str, Any], kind: RunKind, out: Path, normalized: bool,
             caveat: str | None = None) -> list[str]:
     """Write the PNGs; returns their file names."""
     import matplotlib.pyplot as plt

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from sac_spectral.core.config import ConfigError
-from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY_TASKS
+from sac_spectral.runs.kinds import RunKind
+from sac_spectral.runs.layout import CONFIG_FILE
 from sac_spectral.studies.figures import METRICS, PAIR, figures, padded
 from sac_spectral.studies.results import (
     Aligned,
@@ -85,7 +86,7 @@ def interval_estimates(scores: dict[str, Any], func: Callable[..., np.ndarray], 
     return points, intervals
 
 
-def compute_statistics(al: Aligned, kind: str, baseline: str, reps: int, seed: int) -> dict[str, Any]:
+def compute_statistics(al: Aligned, kind: RunKind, baseline: str, reps: int, seed: int) -> dict[str, Any]:
     from rliable import metrics
 
     final = final_scores(al, kind)
@@ -122,19 +123,17 @@ def _ci(point: float, lo: float, hi: float, one_seed: bool) -> str:
 
 
 def _score_name(study: Study) -> str:
-    if study.kind != "train":
-        return "end-of-task training accuracy"
-    return "return / 1000 (DMC)" if study.normalized else "return (not normalized: a non-DMC task)"
+    return study.kind.score_label if study.normalized else study.kind.raw_label
 
 
 def _header(study: Study, al: Aligned, reps: int, sources: Sequence[str], cautions: list[str]) -> list[str]:
     kind, score = study.kind, _score_name(study)
-    final_at = (f"step {al.x[-1]:g}" if kind == "train"
-                else f"the mean over the last {min(SUMMARY_TASKS, len(al.x))} tasks up to task {al.x[-1]:g}")
+    final_at = (f"{kind.x} {al.x[-1]:g}" if kind.window == 1 else
+                f"the mean over the last {min(kind.window, len(al.x))} evaluations up to {kind.x} {al.x[-1]:g}")
     lines = [
         "# Report", "",
         f"Sources: {', '.join(sources)}  ",
-        f"Kind: {'RL (sac_spectral.train)' if kind == 'train' else 'continual (sac_spectral.continual)'}; "
+        f"Kind: {kind.title}; "
         f"score: {score}; final score: {final_at}.  ",
         f"Grouped by: {study.grouping}.  ",
         f"Tasks ({len(al.tasks)}): {', '.join(al.tasks)}.  ",
@@ -194,10 +193,10 @@ def _mean_sd(values: np.ndarray) -> str:
     return " ± ".join(_digits(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0))
 
 
-def _first_last_section(al: Aligned, data: dict[str, Any]) -> list[str]:
-    n = SUMMARY_TASKS
-    lines = ["", f"## First {n} and last {n} tasks (mean ± std over seeds and tasks)", "",
-             f"| method | train acc, first {n} | train acc, last {n} | test acc, first {n} | test acc, last {n} |",
+def _first_last_section(al: Aligned, kind: RunKind, data: dict[str, Any]) -> list[str]:
+    n, a, b = kind.window, kind.score, kind.test
+    lines = ["", f"## First {n} and last {n} evaluations (mean ± std over seeds and {kind.x}s)", "",
+             f"| method | {a}, first {n} | {a}, last {n} | {b}, first {n} | {b}, last {n} |",
              "|---|---|---|---|---|"]
     data["first_last"] = {}
     for m in al.methods:
@@ -288,15 +287,15 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
     """Write ``report.md`` and ``report.json``; returns what ``report.json`` holds."""
     one_seed = all(len(s) == 1 for s in al.seeds.values())
     metrics = list(METRICS) if study.normalized else list(METRICS[:3])
-    data: dict[str, Any] = {"kind": study.kind, "score": _score_name(study), "tasks": al.tasks,
+    data: dict[str, Any] = {"kind": study.kind.name, "score": _score_name(study), "tasks": al.tasks,
                             "final_x": float(al.x[-1]), "reps": reps, "baseline": baseline, "methods": {},
                             "warnings": cautions}
     lines = _header(study, al, reps, sources, cautions)
     lines += _aggregate_section(al, st, metrics, one_seed, data)
     lines += _improvement_section(st, baseline, one_seed, data)
     lines += _per_task_section(al, st)
-    if study.kind == "continual":
-        lines += _first_last_section(al, data)
+    if study.kind.window > 1 and study.kind.test:
+        lines += _first_last_section(al, study.kind, data)
     lines += _priming_section(study, data)
     if diagnostics:
         lines += _diagnostics_section(study, diagnostics, reps, seed, data)

@@ -14,8 +14,9 @@ import yaml
 
 from sac_spectral.core.config import ConfigError, flatten, one_line, yaml_load
 from sac_spectral.runs.evals import EVALS, read_evals
-from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY, SUMMARY_TASKS, dir_kind
-from sac_spectral.studies.spec import STATUS, SWEEP_FILE, TASK_KEYS
+from sac_spectral.runs.kinds import RunKind, dir_kind, get_kind
+from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY
+from sac_spectral.studies.spec import STATUS, SWEEP_FILE
 
 # Keys that do not make two loose runs different methods: bookkeeping, and how long they ran.
 NOT_METHOD = ("run_dir", "seed", "num_seeds", "threads", "progress", "device", "log_every", "checkpoint_every",
@@ -27,7 +28,7 @@ PRIMING_KEYS = ("grad_rank/critic/erank", "grad_rank/actor/erank", "features/cri
 
 @dataclass
 class Curve:
-    """The evaluations of one seed of one run: x (env steps or task index) → score."""
+    """The evaluations of one seed of one run: x (its kind's ``x``: env steps, task index) → score."""
 
     method: str
     task: str
@@ -35,23 +36,19 @@ class Curve:
     run: Path
     x: np.ndarray
     y: np.ndarray
-    test: np.ndarray | None = None  # continual: end-of-task test accuracy (nan where not measured)
+    test: np.ndarray | None = None  # the kind's ``test`` score (continual: test accuracy; nan where not measured)
 
 
 @dataclass
 class Study:
     """Curves grouped by method and task, and what was left out."""
 
-    kind: str
+    kind: RunKind
     curves: list[Curve] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     grouping: str = ""
     normalized: bool = True
-
-
-def _is_dmc(env: str) -> bool:
-    return env.startswith(("dmc:", "dm_control/"))
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
@@ -65,21 +62,17 @@ def read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
-def _summary_rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+def _summary_rows(run_dir: Path, kind: RunKind) -> list[dict[str, Any]]:
     """The evaluations a run's ``summary.json`` records (for runs written before ``evals.csv``)."""
     path = run_dir / SUMMARY
-    summary = read_mapping(path)
     try:
-        seeds = summary.get("seeds") or [summary.get("seed")]
-        if kind == "train":
-            return [{"step": e["step"], "seed": s, "return": r} for e in summary["eval_history"] for s, r in zip(seeds, e["returns"])]
-        return [{**t, "seed": seeds[0]} for t in summary["tasks"]]
+        return kind.history(read_mapping(path))
     except (KeyError, TypeError) as err:
-        raise ConfigError(f"'{path}' lacks the evaluations of a {kind} run ({type(err).__name__}: {err}); "
+        raise ConfigError(f"'{path}' lacks the evaluations of a {kind.name} run ({type(err).__name__}: {err}); "
                           "restore or remove it") from None
 
 
-def _rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+def _rows(run_dir: Path, kind: RunKind) -> list[dict[str, Any]]:
     """The run's evaluation rows: ``evals.csv``, else ``summary.json``."""
     try:
         rows = read_evals(run_dir)
@@ -100,32 +93,24 @@ def _ordered(run_dir: Path, seed: int, x: np.ndarray, key: str) -> np.ndarray:
     return np.argsort(x, kind="stable")
 
 
-def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[str, list[Curve], bool]:
-    """A run directory's curves (from ``evals.csv``, else ``summary.json``) sorted by step, its kind
-    and whether its scores are normalized."""
+def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[RunKind, list[Curve], bool]:
+    """A run directory's curves (from ``evals.csv``, else ``summary.json``) sorted by its kind's
+    ``x``, its kind and whether its scores are normalized. Evaluations without a score (a continual
+    regression task has no accuracy) are left out."""
     config = read_mapping(run_dir / CONFIG_FILE)
-    kind, flat = dir_kind(run_dir, config), flatten(config)
+    kind, flat = get_kind(dir_kind(run_dir, config)), flatten(config)
     task = " ".join(str(flat[k]) for k in task_keys if k in flat)
-    rows = _rows(run_dir, kind)
-    normalized = kind == "continual" or _is_dmc(str(config["env"]))
+    rows = [r for r in _rows(run_dir, kind) if r.get(kind.score) is not None]
+    scale = kind.scale(config)
     curves = []
     for seed in sorted({int(r["seed"]) for r in rows}):
         mine = [r for r in rows if r["seed"] == seed]
-        if kind == "train":
-            x = np.array([r["step"] for r in mine], dtype=float)
-            y = np.array([np.nan if r["return"] is None else r["return"] for r in mine], dtype=float)
-            i = _ordered(run_dir, seed, x, "step")
-            curves.append(Curve(method, task, seed, run_dir, x[i], y[i] / (1000.0 if normalized else 1.0)))
-        else:
-            mine = [r for r in mine if r["train_acc"] is not None]
-            if not mine:
-                continue
-            x = np.array([r["task"] for r in mine], dtype=float)
-            y = np.array([r["train_acc"] for r in mine], dtype=float)
-            test = np.array([np.nan if r.get("test_acc") is None else r["test_acc"] for r in mine], dtype=float)
-            i = _ordered(run_dir, seed, x, "task")
-            curves.append(Curve(method, task, seed, run_dir, x[i], y[i], test[i]))
-    return kind, curves, normalized
+        x = np.array([r[kind.x] for r in mine], dtype=float)
+        y = np.array([r[kind.score] for r in mine], dtype=float) / (scale or 1.0)
+        test = np.array([np.nan if r.get(kind.test) is None else r[kind.test] for r in mine], dtype=float) if kind.test else None
+        i = _ordered(run_dir, seed, x, kind.x)
+        curves.append(Curve(method, task, seed, run_dir, x[i], y[i], None if test is None else test[i]))
+    return kind, curves, scale is not None
 
 
 def finite_curves(curves: list[Curve], warnings: list[str]) -> list[Curve]:
@@ -180,19 +165,19 @@ def load(paths: Sequence[str]) -> Study:
     notes: list[str] = []
     warned: list[str] = []
 
-    def add(kind: str, curves: list[Curve], normalized: bool) -> None:
+    def add(kind: RunKind, curves: list[Curve], normalized: bool) -> None:
         nonlocal study
         if study is None:
             study = Study(kind)
         if study.kind != kind:
-            raise ConfigError("the directories mix RL and continual runs; report them separately")
+            raise ConfigError(f"the directories mix {study.kind.name} and {kind.name} runs; report them separately")
         study.curves += finite_curves(curves, warned)
         study.normalized &= normalized
 
     for sweep_dir in sweeps:
         spec = read_mapping(sweep_dir / SWEEP_FILE)
         status = read_mapping(sweep_dir / STATUS)
-        task_keys = spec.get("task_keys") or TASK_KEYS[spec["kind"]]
+        task_keys = spec.get("task_keys") or get_kind(spec["kind"]).task_keys
         prefix = f"{spec.get('name', sweep_dir.name)}/" if len(sweeps) > 1 else ""
         for tid, entry in status["trials"].items():
             extra = [f"{k}={v}" for k, v in entry["task"].items() if k not in task_keys]
@@ -205,13 +190,15 @@ def load(paths: Sequence[str]) -> Study:
             if not curves:
                 why = entry["error"] if entry["status"] == "failed" else "no scored evaluation yet"
                 notes.append(f"{sweep_dir.name}/{tid} ({entry['status']}: {why})")
-        study = study or Study(spec["kind"])
+        study = study or Study(get_kind(spec["kind"]))
         extra_keys = [k for k in spec.get("grid") or {} if k not in task_keys]
         study.grouping = "method of the sweep" + (f" and {', '.join(extra_keys)}" if extra_keys else "")
     if runs:
         configs = [read_mapping(r / CONFIG_FILE) for r in runs]
         kinds = {dir_kind(r, c) for r, c in zip(runs, configs)}
-        task_keys = TASK_KEYS["train" if "train" in kinds else "continual"]
+        if len(kinds) > 1:
+            raise ConfigError(f"the directories mix {' and '.join(sorted(kinds))} runs; report them separately")
+        task_keys = get_kind(next(iter(kinds))).task_keys
         labels, differ = _loose_labels(configs, task_keys)
         for run_dir, label in zip(runs, labels):
             kind, curves, normalized = read_run(run_dir, label, task_keys)
@@ -219,7 +206,7 @@ def load(paths: Sequence[str]) -> Study:
             if not curves:
                 notes.append(f"{run_dir} (no scored evaluation yet)")
         grouped = f"loose runs by the config keys in which they differ ({', '.join(differ) or 'none'})"
-        study = study or Study(kinds.pop())
+        study = study or Study(get_kind(kinds.pop()))
         study.grouping = f"{study.grouping}; {grouped}" if sweeps else grouped
     assert study is not None
     study.missing, study.warnings = notes, warned
@@ -306,8 +293,7 @@ def align(study: Study) -> Aligned:
     return Aligned(methods, tasks, x, scores, test, seeds, notes)
 
 
-def final_scores(al: Aligned, kind: str) -> dict[str, np.ndarray]:
-    """[runs, tasks] per method: the score at the last common step (RL) or the mean over the last
-    ``SUMMARY_TASKS`` common tasks (continual, as the runner's summary)."""
-    window = SUMMARY_TASKS if kind == "continual" else 1
-    return {m: s[..., -window:].mean(axis=-1) for m, s in al.scores.items()}
+def final_scores(al: Aligned, kind: RunKind) -> dict[str, np.ndarray]:
+    """[runs, tasks] per method: the mean score over the kind's last ``window`` common evaluations
+    (RL: the last step; continual: the last 5 tasks, as the runner's summary)."""
+    return {m: s[..., -kind.window:].mean(axis=-1) for m, s in al.scores.items()}

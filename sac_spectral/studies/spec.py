@@ -24,10 +24,9 @@ from sac_spectral.core.config import (
     section,
     to_dict,
 )
+from sac_spectral.runs.kinds import get_kind, kind_names
 
 SWEEP_FILE, BASE_FILE, STATUS, LOGS, LOCK = "sweep.yaml", "base.yaml", "status.json", "logs", ".sweep.lock"
-RUNNERS = {"train": "sac_spectral.train", "continual": "sac_spectral.continual"}
-TASK_KEYS = {"train": ["env"], "continual": ["dataset.name", "stream.kind"]}
 RESERVED = ("seed", "num_seeds", "run_dir", "threads", "progress")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 #: a grid point's folder in a trial id (``dmc-cheetah-run``, ``critic.lr=0.001``)
@@ -46,18 +45,18 @@ class Resources:
 
 @dataclass
 class SweepConfig:
-    kind: str = option("train", f"the runner of every trial: {' | '.join(RUNNERS)}")
+    kind: str = option("train", "the run kind of every trial, a registered runner: train | continual | one a package registers")
     name: str | None = option(None, "the sweep's folder under --out (default: the sweep file's name)")
     base: Any = option({}, "run config shared by all trials: a YAML file, or keys with an optional 'config: FILE'")
     methods: dict[str, Any] = option({}, "named override sets (dotted keys), e.g. {sac: {critic.regularizers: []}}")
     grid: dict[str, Any] = option({}, "lists of values of run keys, e.g. {env: [dmc:cheetah-run]}; every combination is run")
     seeds: list[int] = option([0], "seeds of every method and grid point")
-    seeds_per_trial: int = option(1, "consecutive seeds one trial trains together as num_seeds members (train only)")
+    seeds_per_trial: int = option(1, "consecutive seeds one trial trains together as num_seeds members (kinds that train members: train)")
     resources_per_trial: Resources = section(Resources, "what Ray reserves for one trial")
-    task_keys: list[str] | None = option(None, "run keys that name a task in reports (default: env | dataset.name, stream.kind)")
+    task_keys: list[str] | None = option(None, "run keys that name a task in reports (default: the kind's: env | dataset.name, stream.kind)")
 
     def validate(self) -> None:
-        check(self.kind in RUNNERS, "kind", f"'{self.kind}' is not one of {', '.join(RUNNERS)}")
+        check(self.kind in kind_names(), "kind", f"'{self.kind}' is not one of {', '.join(kind_names())}")
         check(self.name is None or bool(NAME.match(self.name)), "name", f"'{self.name}' must be a plain folder name")
         check(isinstance(self.base, (str, dict)), "base", f"expected a file name or a mapping of run keys, got {self.base!r}")
         check(bool(self.methods), "methods", "give at least one named override set, e.g. {spectral: {}}")
@@ -68,8 +67,8 @@ class SweepConfig:
             check(isinstance(values, list) and len(values) > 0, f"grid.{key}", f"expected a non-empty list of values, got {values!r}")
         check(len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds), "seeds", f"expected distinct seeds, got {self.seeds}")
         at_least(self, 1, "seeds_per_trial")
-        check(self.kind == "train" or self.seeds_per_trial == 1, "seeds_per_trial",
-              "continual runs train one seed each; use 1")
+        check(self.seeds_per_trial == 1 or get_kind(self.kind).members, "seeds_per_trial",
+              f"{self.kind} runs train one seed each; use 1")
 
 
 @dataclass
@@ -161,7 +160,7 @@ def load_sweep(path: str, overrides: Sequence[str]) -> Sweep:
     for name, keys in methods.items():
         _check_reserved(list(keys), f"methods.{name}")
     _check_reserved(list(cfg.grid), "grid")
-    task_keys = cfg.task_keys if cfg.task_keys is not None else TASK_KEYS[cfg.kind]
+    task_keys = cfg.task_keys if cfg.task_keys is not None else list(get_kind(cfg.kind).task_keys)
     sweep = Sweep(cfg, base, methods, list(task_keys))
     chunks: list[list[int]] = []
     for i in range(0, len(cfg.seeds), cfg.seeds_per_trial):
@@ -204,13 +203,7 @@ def check_compatible(sweep: Sweep, saved: Mapping[str, Any], where: Path) -> Non
 
 def runner_config(kind: str) -> type:
     """The run config class of a sweep's runner (imported here only: it brings torch)."""
-    if kind == "train":
-        from sac_spectral.train import TrainConfig
-
-        return TrainConfig
-    from sac_spectral.continual import ContinualConfig
-
-    return ContinualConfig
+    return get_kind(kind).load("config")
 
 
 def invalid_trials(sweep: Sweep) -> dict[str, str]:

@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 
-from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY, run_kind, written_by_a_run
-from sac_spectral.studies.spec import RUNNERS
+from sac_spectral.core.config import ConfigError
+from sac_spectral.runs.kinds import get_kind, run_kind
+from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE, SUMMARY, written_by_a_run
 
 # The trial's process is started through this launcher: it asks Linux to send it SIGTERM when its
 # parent (the Ray worker) dies, so that no trial outlives its sweep, however the sweep ends (the
@@ -42,8 +43,9 @@ LAUNCHER = (
 
 
 def finished(run_dir: Path) -> bool:
-    """The run wrote its summary: ``summary.json`` parses and names the run of ``config.yaml`` (its
-    env and seeds, or its seed and stream)."""
+    """The run wrote its summary: ``summary.json`` parses and names the run of ``config.yaml``
+    (:attr:`RunKind.names_run <sac_spectral.runs.kinds.RunKind>`: an RL run's env and seeds, a
+    continual run's seed and stream)."""
     try:
         summary = json.loads((run_dir / SUMMARY).read_text())
         config = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
@@ -51,12 +53,11 @@ def finished(run_dir: Path) -> bool:
         return False
     if not isinstance(summary, dict) or not isinstance(config, dict):
         return False
-    seed = config.get("seed")
-    if run_kind(config, summary) == "train":
-        seeds = list(range(seed, seed + config.get("num_seeds", 1))) if isinstance(seed, int) else None
-        return summary.get("env") == config.get("env") and summary.get("seeds") == seeds
-    stream = config.get("stream")
-    return summary.get("seed") == seed and isinstance(stream, dict) and summary.get("stream") == stream.get("kind")
+    try:
+        kind = get_kind(run_kind(config, summary))
+    except ConfigError:
+        return False
+    return kind.names_run(summary, config)
 
 
 def trial_state(run_dir: Path) -> str:
@@ -70,7 +71,7 @@ def trial_command(spec: Mapping[str, Any], state: str) -> list[str]:
     """The runner command line of a trial: a fresh run of the base config with the trial's
     overrides, or ``--resume`` of its run directory."""
     run = [f"threads={spec['threads']}", "progress=false"]
-    head = [sys.executable, "-m", RUNNERS[spec["kind"]]]
+    head = [sys.executable, "-m", get_kind(spec["kind"]).runner]
     if state == "resume":
         return [*head, "--resume", spec["run_dir"], *run]
     return [*head, "--config", spec["base"], *spec["overrides"], f"run_dir={spec['run_dir']}", *run]
