@@ -1,14 +1,18 @@
 """Cost of each regularizer on a SAC update: time with the method (on actor and critic) / without.
 
-    python benchmarks/regularizer_overhead.py [--threads 1] [--batch 256] [--hidden 256] [--repeats 7]
+    python benchmarks/regularizer_overhead.py [--threads 1] [--batch 256] [--hidden 256] [--repeats 7] [--compile]
 
 Every method runs on a copy of the plain agent (cheetah-run dimensions, 2×256 MLPs, fp32, two
 critics); the ratio is the median over interleaved repeats of ``SAC.train_steps`` time per update
 with the method over the plain agent's, measured in one process so both sides see the same load.
-Interventions that act every ``every`` updates (``redo``, ``reset``, ``shrink_perturb``) also get
-the cost of one firing on both networks in units of a plain update; their amortized ratio at
+``nap`` needs a normalization layer before every nonlinearity and is timed against the plain
+agent with ``layer_norm: true``; ``plasticity_injection`` injects at the first warm-up update, so
+its row is the cost of the injected network (three heads) per update. Interventions that act
+every ``every`` updates (``redo``, ``reset``, ``shrink_perturb``) also get the cost of one firing on both networks in units of a plain update; their amortized ratio at
 interval N is ``ratio + firing/N``. ``added ms`` is the median of the paired differences per update
 (a ratio also moves when the plain update gets faster). Target: ``spectral`` (max mode) ≤ 1.05.
+``--compile`` times both sides with ``compile: true`` (the penalties' gradients formed inside the
+compiled program; the probe rows are eager-only and skipped); compile time is not counted.
 
 Two probe rows split that cost: ``spectral (max), forward only`` computes the penalty (power step
 included) without letting autograd see it, and ``autograd floor`` adds a penalty of value 0 whose
@@ -48,7 +52,13 @@ METHODS: dict[str, tuple[dict | None, dict]] = {
     "redo": ({"name": "redo", "every": 10**9}, {}),
     "reset": ({"name": "reset", "every": 10**9}, {}),
     "weight_decay (AdamW)": (None, {"weight_decay": 1e-4}),
+    "layer_norm": (None, {"layer_norm": True}),
+    "nap (vs layer_norm)": ({"name": "nap"}, {"layer_norm": True}),
+    "cbp": ({"name": "cbp"}, {}),
+    "plasticity_injection (after)": ({"name": "plasticity_injection", "at_step": 1}, {}),
 }
+#: rows timed against the plain agent with these options (the method needs them), not the plain agent
+BASELINES = {"nap (vs layer_norm)": {"layer_norm": True}}
 FIRING = {"redo": 1000, "reset": 1000}
 
 
@@ -99,8 +109,8 @@ def probe_agent(hidden: int, label: str) -> SAC:
 PROBES = ("spectral (max), forward only", "autograd floor")
 
 
-def config(hidden: int, entry: dict | None, opt: dict) -> SACConfig:
-    cfg = SACConfig()
+def config(hidden: int, entry: dict | None, opt: dict, compile_: bool = False) -> SACConfig:
+    cfg = SACConfig(compile=compile_)
     for net in (cfg.actor, cfg.critic):
         net.hidden = [hidden, hidden]
         net.regularizers = [entry] if entry else []
@@ -129,23 +139,28 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=48, help="updates per timing")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--only", nargs="*", default=None, help="subset of methods (names as printed)")
+    p.add_argument("--compile", action="store_true", help="both sides with compile=true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
-    plain, buf = build(config(args.hidden, None, {}))
+    plain, buf = build(config(args.hidden, None, {}, args.compile))
     time_updates(plain, buf, args.batch, 8)
-    print(f"threads={args.threads} batch={args.batch} hidden=2x{args.hidden} fp32; method on actor and critic; "
-          f"medians of {args.repeats} interleaved repeats of {args.updates} updates")
+    print(f"threads={args.threads} batch={args.batch} hidden=2x{args.hidden} fp32 compile={args.compile}; method on "
+          f"actor and critic; medians of {args.repeats} interleaved repeats of {args.updates} updates")
     print(f"{'method':28s} {'with/without':>12s} {'added ms':>9s}  {'one firing (plain updates)':>26s}")
-    for label in [*METHODS, *PROBES]:
+    for label in [*METHODS, *(() if args.compile else PROBES)]:
         if args.only and label not in args.only:
             continue
         entry, opt = METHODS.get(label, (None, {}))
-        agent = probe_agent(args.hidden, label) if label in PROBES else build(config(args.hidden, entry, opt))[0]
+        agent = probe_agent(args.hidden, label) if label in PROBES else build(config(args.hidden, entry, opt, args.compile))[0]
         time_updates(agent, buf, args.batch, 8)
+        baseline = plain
+        if label in BASELINES:
+            baseline = build(config(args.hidden, None, BASELINES[label], args.compile))[0]
+            time_updates(baseline, buf, args.batch, 8)
         base, with_ = [], []
         for _ in range(args.repeats):
-            base.append(time_updates(plain, buf, args.batch, args.updates))
+            base.append(time_updates(baseline, buf, args.batch, args.updates))
             with_.append(time_updates(agent, buf, args.batch, args.updates))
         ratio = statistics.median(w / b for w, b in zip(with_, base))
         added_ms = statistics.median(w - b for w, b in zip(with_, base)) * 1e3

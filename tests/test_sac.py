@@ -3,10 +3,13 @@ import math
 
 import pytest
 import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
 from sac_spectral.core.seeding import SeedStreams
+from sac_spectral.regularizers import Regularizer
 
 
 def small_cfg(**kw) -> SACConfig:
@@ -274,6 +277,60 @@ def test_compiled_update_matches_eager_and_shares_its_state(make_cfg):
     comp.update(batch, noise)
     for p, q in zip(comp.parameters(), resumed.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+class _Cubic(Regularizer):
+    """A regularizer that only writes ``penalty()``: ``Σ θ⁴`` over the network's parameters."""
+
+    name = "cubic_test"
+
+    def penalty(self) -> torch.Tensor:
+        return 1e-3 * sum(p.pow(4).sum() for p in self.module.parameters())
+
+
+@pytest.mark.slow
+def test_compiled_update_forms_every_penalty_inside_its_program(monkeypatch):
+    """The built-in penalties (closed-form gradients) and one that only writes ``penalty()``
+    (``torch.func`` of it) give eager's parameters under compile=true, and the compiled update never
+    calls the built-in ``penalty()``: their gradients, and the spectral power step, are formed in
+    the program."""
+    def make(compile_: bool) -> SAC:
+        cfg = small_cfg(compile=compile_)
+        cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2, "k": 1.5}, {"name": "parseval", "coef": 1e-3}]
+        cfg.critic.regularizers = [{"name": "l2_init", "coef": 1e-2}, {"name": "wasserstein_init", "coef": 1e-2},
+                                   {"name": "spectral", "coef": 1e-2, "mode": "all"}]
+        agent = make_agent(cfg=cfg)
+        agent.critic_regs.append(_Cubic(agent.critic))
+        return agent
+
+    eager, compiled = make(False), make(True)
+    g = torch.Generator().manual_seed(3)
+    data = [(random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g)) for _ in range(3)]
+    for batch, noise in data:
+        eager.update(batch, noise)
+    for cls in {type(r) for r in compiled.actor_regs + compiled.critic_regs} - {_Cubic}:
+        monkeypatch.setattr(cls, "penalty", lambda self: pytest.fail(f"{self.name}.penalty() ran in eager"))
+    for batch, noise in data:
+        compiled.update(batch, noise)
+    for p, q in zip(compiled.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    for r, q in zip(compiled.actor_regs[0]._plan.vectors, eager.actor_regs[0]._plan.vectors):
+        torch.testing.assert_close(r, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_agents_in_one_process_compile_programs_of_their_own(monkeypatch):
+    """Two compiled agents in one process, differing only in a constant of their update (tau),
+    each get their own program (none reuses the other's, none falls back to eager at dynamo's
+    recompile limit, here lowered to 1) and each equals its eager twin."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    before = counters["stats"]["unique_graphs"]
+    for tau in (0.01, 0.2):
+        comp, _ = _train_copy(small_cfg(compile=True, tau=tau), updates=2)
+        ref, _ = _train_copy(small_cfg(tau=tau), updates=2)
+        for p, q in zip(comp.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] - before == 2
 
 
 @pytest.mark.slow

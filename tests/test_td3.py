@@ -156,13 +156,22 @@ def test_compiled_td3_equals_eager_through_penalties_interventions_resets_and_re
     """compile=true runs TD3's steps as compiled programs (critic-only updates and delayed actor
     updates get their own): the same parameters, metrics and Adam state as eager after updates
     with a spectral penalty, shrink & perturb between the critic's programs and a reset; a compiled
-    checkpoint resumes an eager agent and vice versa."""
+    checkpoint resumes an eager agent and vice versa. The actor's weights are scaled by 1.5 (after
+    the reset too) so that no σ_max sits at the penalty's minimum (the orthogonal head's σ = 1),
+    where σ̂² − 1 rounds to 0 in one and ±1e-8 in the other and the first Adam step turns that into
+    a step of 0.1·lr."""
+    def off_minimum(agent: TD3) -> None:
+        with torch.no_grad():
+            torch._foreach_mul_(list(agent.actor.parameters()) + list(agent.target_actor.parameters()), 1.5)
+
     def make(compile_: bool) -> TD3:
         cfg = _config()
         cfg.compile = compile_
         cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2}]
         cfg.critic.regularizers = [{"name": "l2", "coef": 1e-2}, {"name": "shrink_perturb", "every": 2}]
-        return TD3(OBS, ACT, cfg, SeedStreams([0, 1]))
+        agent = TD3(OBS, ACT, cfg, SeedStreams([0, 1]))
+        off_minimum(agent)
+        return agent
 
     g = torch.Generator().manual_seed(4)
     batches = [({"obs": torch.randn(2, B, OBS, generator=g), "action": torch.rand(2, B, ACT, generator=g) * 2 - 1,
@@ -174,6 +183,7 @@ def test_compiled_td3_equals_eager_through_penalties_interventions_resets_and_re
             info = agent.update(batch, noise)
             if k == 2:
                 agent.reset(1)
+                off_minimum(agent)
         agent.info = info
     for p, q in zip(compiled.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

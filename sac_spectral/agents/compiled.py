@@ -3,35 +3,38 @@ the eager update runs (:meth:`~sac_spectral.agents.base.ActorCritic.steps`).
 
 Each step is written as a function of its network's parameters — its loss through
 :func:`torch.func.functional_call`, its gradient by :func:`torch.func.grad_and_value`, the
-regularizers' penalty gradients added, and the Adam/AdamW step of
+regularizers' penalty gradients (:meth:`~sac_spectral.regularizers.Regularizer.penalty_and_grads`,
+the formula eager's ``penalty()`` differentiates) added, and the Adam/AdamW step of
 :func:`~sac_spectral.core.optim.adam_step_` — so that ``torch.compile`` sees forward, backward,
-optimizer step and the step's ``after()`` (a Polyak step) as one graph and fuses their elementwise
-work (inductor's C++ code on the CPU; CUDA graphs on a GPU). Consecutive steps form one program;
+penalties, optimizer step and the step's ``after()`` (a Polyak step) as one graph and fuses their
+elementwise work (inductor's C++ code on the CPU; CUDA graphs on a GPU). Consecutive steps form one program;
 a program ends after a step whose network has a regularizer that intervenes after steps (shrink &
 perturb, ReDo, resets…), whose ``after_step`` then runs between programs, where eager runs it.
 Updates whose step lists differ (TD3's delayed actor) get a program each.
 
 The programs write the agent's own parameters and its optimizers' own Adam state in place, so
 checkpoints, resets, evaluation and the regularizers see one set of tensors, and a run may resume
-with or without compile. Penalties are computed in eager before the program (their power
-iterations and state updates are eager's) and enter it as gradients. ``precision: bf16`` casts the
+with or without compile. The penalties' state (the spectral power-iteration vectors) is updated
+in place inside the program, as eager updates it. ``precision: bf16`` casts the
 linear layers' weights to bf16 inside the program (bf16 matmuls on fp32 masters, as eager's bf16
 copies give). A program is specialised to its agent's structure and configuration at the first
-call; only its arguments (batch, noise, penalty gradients, Adam state and hyperparameters) are
-guarded.
+call; only its arguments (batch, noise, the regularizers with penalties, Adam state and
+hyperparameters) are guarded.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
+from sac_spectral.core.functional import Bound
 from sac_spectral.core.nets import BatchedLinear
 from sac_spectral.core.optim import adam_state, adam_step_
 from sac_spectral.regularizers import Regularizer
@@ -40,30 +43,21 @@ if TYPE_CHECKING:
     from sac_spectral.agents.base import ActorCritic, NetStep
 
 Metrics = dict[str, Tensor]
-
-
-class _Agent(nn.Module):
-    """``forward(fn, *args)`` is ``fn(*args)``: functional_call then runs an agent's step loss (a
-    bound method of the agent) on substituted parameters."""
-
-    def __init__(self, agent: ActorCritic) -> None:
-        super().__init__()
-        self.agent = agent
-
-    def forward(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return fn(*args)
+#: a regularizer with a penalty, its tensors' places among the trained ones, and the untrained ones
+Penalty = tuple[Regularizer, tuple["int | None", ...], tuple["Tensor | None", ...]]
 
 
 class _Step:
     """One network's trained tensors (aliases of its parameters, in its optimizer's order) and the
     optimizer's groups as index ranges with their hyperparameters."""
 
-    def __init__(self, wrapper: _Agent, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, wrapper: Bound, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         names = {id(p): n for n, p in wrapper.named_parameters()}
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.names = [names[id(p)] for p in self.params]
         self.aliases = [p.detach() for p in self.params]
+        self.index = {id(p): i for i, p in enumerate(self.params)}
         self.decoupled = isinstance(optimizer, torch.optim.AdamW)
         self.groups, start = [], 0
         for g in optimizer.param_groups:
@@ -74,19 +68,27 @@ class _Step:
         """Each group's ``(lr, betas, eps, weight_decay)`` as they are now."""
         return tuple((g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"]) for g in self.optimizer.param_groups)
 
-    def penalty_grads(self, regs: Sequence[Regularizer]) -> list[Tensor] | None:
-        """The gradient of the summed penalties at the current parameters (``None``: no penalty)."""
-        penalties = [r.penalty() for r in regs if r.has_penalty]
-        if not penalties:
-            return None
-        grads = torch.autograd.grad(torch.stack(penalties).sum(), self.params, allow_unused=True)
-        return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params)]
+    def penalties(self, regs: Sequence[Regularizer]) -> tuple[Penalty, ...]:
+        """The regularizers with penalties, each with its penalized tensors: the place of each among
+        :attr:`params`, or (a tensor this optimizer does not train) its value."""
+        out = []
+        for reg in (r for r in regs if r.has_penalty):
+            tensors = reg.penalized()
+            places = tuple(self.index.get(id(t)) for t in tensors)
+            out.append((reg, places, tuple(None if i is not None else t.detach() for i, t in zip(places, tensors))))
+        return tuple(out)
 
-    def apply(self, grads: list[Tensor], penalty: list[Tensor] | None, state: tuple[list[Tensor], ...],
+    def add_penalties(self, grads: list[Tensor], penalties: Sequence[Penalty]) -> None:
+        """Add each penalty's gradient at the current parameters to ``grads`` (traced into the program)."""
+        for reg, places, fixed in penalties:
+            _, extra = reg.penalty_and_grads([f if i is None else self.aliases[i] for i, f in zip(places, fixed)])
+            for i, g in zip(places, extra):
+                if i is not None:
+                    grads[i] = grads[i] + g
+
+    def apply(self, grads: list[Tensor], state: tuple[list[Tensor], ...],
               hyper: tuple[tuple[float, tuple[float, float], float, float], ...]) -> None:
         """Adam/AdamW on the aliases, group by group (traced into the program)."""
-        if penalty is not None:
-            grads = torch._foreach_add(grads, penalty)
         for (lo, hi), (lr, betas, eps, wd) in zip(self.groups, hyper):
             adam_step_(self.aliases[lo:hi], grads[lo:hi], *(s[lo:hi] for s in state), lr, betas, eps, wd, self.decoupled)
 
@@ -94,6 +96,14 @@ class _Step:
 def _intervenes(reg: Regularizer) -> bool:
     """Whether ``reg`` changes its network after optimizer steps (its ``after_step`` is its own)."""
     return type(reg).after_step is not Regularizer.after_step
+
+
+def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of the function ``fn`` with a code object of its own. Dynamo keeps its compiled
+    programs, and counts them against its recompile limit, per code object: each agent's programs
+    get their own, so that those of another agent in the process (whose guards on ``self`` are
+    dropped) are never tried, and many agents in one process never reach the limit."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def _argument_guards(guards: Sequence[Any]) -> list[bool]:
@@ -113,10 +123,10 @@ class CompiledUpdate:
 
     def __init__(self, agent: ActorCritic, bf16: bool = False) -> None:
         self.agent = agent
-        self.wrapper = _Agent(agent)
+        self.wrapper = Bound(agent)
         self.nets = {net: _Step(self.wrapper, opt) for net, opt in agent.optimizers.items()}
         self.params = {n: p.detach() for n, p in self.wrapper.named_parameters()}
-        self.low = {f"agent.{n}.{k}" for n, m in agent.named_modules() if isinstance(m, BatchedLinear)
+        self.low = {f"root.{n}.{k}" for n, m in agent.named_modules() if isinstance(m, BatchedLinear)
                     for k, _ in m.named_parameters()} if bf16 else set()
         mode = "reduce-overhead" if next(agent.parameters()).device.type == "cuda" else None
         self._compile = functools.partial(torch.compile, mode=mode, dynamic=False, options={"guard_filter_fn": _argument_guards})
@@ -138,7 +148,7 @@ class CompiledUpdate:
                 key = (i, tuple((s.net, s.after is not None) for s in current))
                 if key not in self._programs:
                     captured = tuple(current)
-                    self._programs[key] = (captured, self._compile(functools.partial(self._run, captured)))
+                    self._programs[key] = (captured, self._compile(types.MethodType(_own_code(CompiledUpdate._run), self)))
                 out.append(self._programs[key])
                 current = []
         return out
@@ -153,10 +163,12 @@ class CompiledUpdate:
     def _run(self, steps: tuple[NetStep, ...], batch: Metrics, noise: Tensor, args: Sequence[tuple[Any, ...]]) -> Metrics:
         """A segment's steps, traced into one program."""
         info: Metrics = {}
-        for step, (penalty, state, hyper) in zip(steps, args):
+        for step, (penalties, state, hyper) in zip(steps, args):
             net = self.nets[step.net]
             grads, (_, metrics) = grad_and_value(functools.partial(self._loss, step, batch, noise), has_aux=True)(net.aliases)
-            net.apply(grads, penalty, state, hyper)
+            grads = list(grads)
+            net.add_penalties(grads, penalties)
+            net.apply(grads, state, hyper)
             if step.after is not None:
                 step.after()
             info.update(metrics)
@@ -165,9 +177,9 @@ class CompiledUpdate:
     def __call__(self, batch: Metrics, noise: Tensor) -> Metrics:
         update, info = self.agent.num_updates + 1, {}
         for steps, program in self._segments(self.agent.steps()):
-            args = [(self.nets[s.net].penalty_grads(self._regs(s.net)),
+            args = [(self.nets[s.net].penalties(self._regs(s.net)),
                      adam_state(self.nets[s.net].optimizer, self.nets[s.net].params), self.nets[s.net].hyper()) for s in steps]
-            info.update(program(batch, noise, args))
+            info.update(program(steps, batch, noise, args))
             for reg in self._regs(steps[-1].net):
                 reg.after_step(update)
         return info

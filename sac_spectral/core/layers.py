@@ -44,17 +44,27 @@ class LayerView:
     def bias_param(self) -> nn.Parameter | None:
         return getattr(self.module, "bias", None)
 
+    def weight_of(self, w: Tensor) -> Tensor:
+        """A value of the weight parameter as ``[M, rows, cols]`` (linear, conv) or ``[M, n]`` (norm gain)."""
+        return members_view(w, self.module).flatten(1 if self.kind == "norm" else 2)
+
+    def bias_of(self, b: Tensor) -> Tensor:
+        """A value of the bias (or norm shift) parameter as ``[M, n]``."""
+        return members_view(b, self.module).flatten(1)
+
     def weight(self) -> Tensor | None:
         """Weight as ``[M, rows, cols]`` (linear, conv) or gain as ``[M, n]`` (norm)."""
         w = self.weight_param
-        if w is None:
-            return None
-        return members_view(w, self.module).flatten(1 if self.kind == "norm" else 2)
+        return None if w is None else self.weight_of(w)
 
     def bias(self) -> Tensor | None:
         """Bias (or norm shift) as ``[M, n]``."""
         b = self.bias_param
-        return None if b is None else members_view(b, self.module).flatten(1)
+        return None if b is None else self.bias_of(b)
+
+    def params(self) -> list[nn.Parameter]:
+        """The layer's parameters as stored: weight (or gain), then bias (or shift)."""
+        return [t for t in (self.weight_param, self.bias_param) if t is not None]
 
     def tensors(self) -> list[Tensor]:
         """The layer's parameters with the member axis first: weight (or gain), then bias (or shift)."""

@@ -2,6 +2,11 @@
 
 A regularizer is built on one network (``module``). The training loop adds ``penalty()`` to that
 network's loss before ``backward`` and calls ``after_step(step)`` after the optimizer step.
+``penalty_and_grads(params)`` gives the penalty's value and gradient as functions of the tensors
+``penalized()`` lists, with no autograd graph: a compiled update traces it into its program. The
+built-in penalties form their gradients in closed form (:class:`ClosedFormPenalty`, whose
+``penalty()`` hands that gradient to autograd); a regularizer that only writes ``penalty()`` gets
+``torch.func`` of it on substituted parameters.
 ``metrics()`` is read only at logging time; values are tensors of shape ``[M]`` (one per member
 of a member-batched network) or ``[]`` (one number for the whole network).
 
@@ -23,7 +28,9 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.func import grad_and_value
 
+from sac_spectral.core.functional import Bound
 from sac_spectral.core.seeding import derive_seed
 
 _RNG_KEY = "rng"
@@ -45,6 +52,7 @@ class Regularizer:
         self.probe: Callable[[], Tensor] | None = None
         self.state: dict[str, Tensor] = {}
         self.generators: list[torch.Generator] = []
+        self._bound = Bound(module)
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Give interventions access to the network's optimizer (to reset its moments)."""
@@ -71,6 +79,24 @@ class Regularizer:
     def penalty(self) -> Tensor:
         """Scalar added to the network's loss."""
         return torch.zeros((), device=next(self.module.parameters()).device)
+
+    def penalized(self) -> list[Tensor]:
+        """The network's parameters the penalty is a function of (the order of
+        :meth:`penalty_and_grads`' ``params``), read from the network at each call."""
+        return list(self.module.parameters())
+
+    def penalty_and_grads(self, params: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """The penalty with :meth:`penalized` taking the values ``params``, and its gradient with
+        respect to them, with no autograd graph left behind (what a compiled update traces).
+        Default: ``torch.func`` of :meth:`penalty` on the substituted parameters."""
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        keys = [names[id(p)] for p in self.penalized()]
+
+        def value(values: list[Tensor]) -> Tensor:
+            return self._bound.call(dict(zip(keys, values)), self.penalty)
+
+        grads, total = grad_and_value(value)(list(params))
+        return total, grads
 
     def after_step(self, step: int) -> None:
         """In-place changes after ``optimizer.step()``; ``step`` counts updates from 1."""
@@ -119,24 +145,46 @@ def require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-class _Pull(torch.autograd.Function):
-    """``coef·Σ_i ‖x_i − t_i‖²`` with the analytic gradient ``2·coef·(x_i − t_i)`` (targets fixed)."""
+class _ClosedForm(torch.autograd.Function):
+    """A :class:`ClosedFormPenalty`'s value, whose backward returns the closed-form gradient that
+    its forward formed (scaled by the incoming gradient). Differentiable once."""
 
     @staticmethod
-    def forward(ctx: Any, coef: float, targets: list[Tensor | None], *xs: Tensor) -> Tensor:
-        diffs = [x if t is None else x - t for x, t in zip(xs, targets)]
-        total = torch.stack(torch._foreach_norm(diffs)).square().sum()
-        ctx.save_for_backward(*torch._foreach_mul(diffs, 2.0 * coef))
-        return coef * total
+    def forward(ctx: Any, reg: ClosedFormPenalty, *params: Tensor) -> Tensor:
+        value, grads = reg.penalty_and_grads(params)
+        ctx.save_for_backward(*grads)
+        return value
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        return (None, None, *(grad_out * g for g in ctx.saved_tensors))
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "a penalty's gradient is formed in closed form and cannot be differentiated again "
+                "(backward with create_graph=True); leave the penalty out of losses that need second derivatives"
+            )
+        return (None, *(grad_out * g for g in ctx.saved_tensors))
 
 
-def pull(xs: Sequence[Tensor], targets: Sequence[Tensor | None], coef: float) -> Tensor:
-    """``coef·Σ_i ‖x_i − t_i‖²`` (``None`` target: 0), one autograd node for all tensors."""
-    return _Pull.apply(coef, list(targets), *xs)
+class ClosedFormPenalty(Regularizer):
+    """A penalty that forms its gradient itself: subclasses give :meth:`penalized` and
+    :meth:`penalty_and_grads`; :meth:`penalty` is one autograd node whose backward returns that
+    gradient, so eager and compiled updates use the same formula."""
+
+    def penalized(self) -> list[Tensor]:
+        raise NotImplementedError
+
+    def penalty_and_grads(self, params: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        raise NotImplementedError
+
+    def penalty(self) -> Tensor:
+        return _ClosedForm.apply(self, *self.penalized())
+
+
+def pull(xs: Sequence[Tensor], targets: Sequence[Tensor | None], coef: float) -> tuple[Tensor, list[Tensor]]:
+    """``coef·Σ_i ‖x_i − t_i‖²`` (``None`` target: 0) and its gradient ``2·coef·(x_i − t_i)``."""
+    diffs = [x if t is None else x - t for x, t in zip(xs, targets)]
+    total = torch.stack(torch._foreach_norm(diffs)).square().sum()
+    return coef * total, list(torch._foreach_mul(diffs, 2.0 * coef))
 
 
 def per_member_sq(xs: Sequence[Tensor], targets: Sequence[Tensor | None]) -> Tensor:

@@ -13,15 +13,17 @@ Defaults: ``coef=1e-4`` (ours), ``layers="all"``. Reference: the L2 baseline of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor, nn
 
 from sac_spectral.core.layers import checked_views
-from sac_spectral.regularizers.base import Regularizer, per_member_sq, pull, require
+from sac_spectral.regularizers.base import ClosedFormPenalty, per_member_sq, pull, require
 from sac_spectral.regularizers.registry import register
 
 
 @register
-class L2(Regularizer):
+class L2(ClosedFormPenalty):
     """Pull every parameter toward zero."""
 
     name = "l2"
@@ -35,9 +37,11 @@ class L2(Regularizer):
     def _tensors(self) -> list[Tensor]:
         return [t for v in self.views for t in v.tensors()]
 
-    def penalty(self) -> Tensor:
-        xs = self._tensors()
-        return pull(xs, [None] * len(xs), self.coef)
+    def penalized(self) -> list[Tensor]:
+        return [p for v in self.views for p in v.params()]
+
+    def penalty_and_grads(self, params: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        return pull(params, [None] * len(params), self.coef)
 
     def metrics(self) -> dict[str, Tensor]:
         xs = [t.detach() for t in self._tensors()]

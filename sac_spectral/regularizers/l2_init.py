@@ -12,16 +12,18 @@ Plasticity in Continual Learning via Regenerative Regularization" (2023).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from sac_spectral.core.layers import checked_views
-from sac_spectral.regularizers.base import Regularizer, per_member_sq, pull, require
+from sac_spectral.regularizers.base import ClosedFormPenalty, per_member_sq, pull, require
 from sac_spectral.regularizers.registry import register
 
 
 @register
-class L2Init(Regularizer):
+class L2Init(ClosedFormPenalty):
     """Pull every parameter toward its value at construction."""
 
     name = "l2_init"
@@ -41,8 +43,11 @@ class L2Init(Regularizer):
     def _inits(self) -> list[Tensor]:
         return [self.state[f"init{i}"] for i in range(len(self.state))]
 
-    def penalty(self) -> Tensor:
-        return pull(self._tensors(), self._inits(), self.coef)
+    def penalized(self) -> list[Tensor]:
+        return [p for v in self.views for p in v.params()]
+
+    def penalty_and_grads(self, params: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        return pull(params, [t.view(p.shape) for t, p in zip(self._inits(), params)], self.coef)
 
     @torch.no_grad()
     def metrics(self) -> dict[str, Tensor]:

@@ -11,13 +11,14 @@ members; each member's gradient is its own penalty's.
 
 ``mode=max``: σ_max comes from power iteration with persistent vectors ``u, v`` (one step per
 ``penalty()`` call, no gradient through ``u, v``): ``v ← Wᵀu/‖Wᵀu‖``, ``u ← Wv/‖Wv‖``,
-``σ̂ = uᵀWv = ‖Wv‖``, differentiated with respect to ``W`` only: ∂σ̂/∂W = u vᵀ. One autograd
-function covers all layers: its forward runs the power steps of all layers (layers of one shape,
-such as the hidden layers of a deeper MLP, as one batched product) and every per-layer,
-per-member scalar as one tensor; its backward returns the rank-one gradients
-``2·coef·k(σ̂^k − 1)σ̂^{k−1}·u vᵀ`` and ``2·coef·k‖b‖^{2(k−1)}·b``. The cost is a few dozen small
-ops per network whatever its depth, plus writing one gradient per parameter. ``mode=all`` pulls
-every singular value toward 1 (exact ``torch.linalg.svdvals``, differentiated by autograd;
+``σ̂ = uᵀWv = ‖Wv‖``, differentiated with respect to ``W`` only: ∂σ̂/∂W = u vᵀ. The penalty
+and its gradient are formed together in closed form: the power steps of all layers (layers of one
+shape, such as the hidden layers of a deeper MLP, as one batched product), every per-layer,
+per-member scalar as one tensor, and the rank-one gradients ``2·coef·k(σ̂^k − 1)σ̂^{k−1}·u vᵀ``
+and ``2·coef·k‖b‖^{2(k−1)}·b``; eager updates hand them to autograd as one node, compiled ones
+trace them into their program. The cost is a few dozen small ops per network whatever its depth,
+plus writing one gradient per parameter. ``mode=all`` pulls
+every singular value toward 1 (exact ``torch.linalg.svdvals``, differentiated by ``torch.func``;
 ∂σ_j/∂W = u_j v_jᵀ): the deep-linear sequence (after Bartlett, Helmbold & Long 2018) needs all of them, σ_max alone is
 not enough. It costs one batched SVD per layer and update. Conv kernels are reshaped to
 ``[out, in·kh·kw]``. Each member's power step is its own; its result equals a single-member
@@ -36,9 +37,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import grad_and_value
 
 from sac_spectral.core.layers import LayerView, checked_views, view_names
-from sac_spectral.regularizers.base import Regularizer, require
+from sac_spectral.regularizers.base import ClosedFormPenalty, require
 from sac_spectral.regularizers.registry import register
 
 _WARMUP_ITERS = 20
@@ -74,9 +76,9 @@ def _power(
     """``iters`` power steps (:func:`_step`); returns ``[σ̂…, ‖tail‖…]`` as ``[K, 1, 1]`` and the
     new ``û``, ``v̂`` of every matrix.
 
-    On the CPU it runs on one thread: the ops are too small to gain from threads, and the result
-    then does not depend on the process's thread count."""
-    threads = torch.get_num_threads()
+    On the CPU it runs eagerly on one thread: the ops are too small to gain from threads, and the
+    result then does not depend on the process's thread count (a compiled program fuses them)."""
+    threads = 1 if torch.compiler.is_compiling() else torch.get_num_threads()
     single = threads > 1 and (ws or tails)[0].device.type == "cpu"
     if single:
         torch.set_num_threads(1)
@@ -181,56 +183,36 @@ class _Plan:
         m = self.members
         return [b if row else b.view(m, 1, -1) for b, row in zip(biases, self.bias_is_row)]
 
-
-class _SpectralPenalty(torch.autograd.Function):
-    """``coef·Σ_l Σ_m [(σ̂_lm^k − 1)² + ‖b_lm‖^{2k}]`` for the plan's weights and biases.
-
-    Forward runs one power step for every weight (updating the plan's ``u, v`` in place) and
-    computes every per-member scalar of all layers as one tensor; backward returns each weight's
-    rank-one gradient ``2·coef·k(σ̂^k − 1)σ̂^{k−1}·u vᵀ`` (``u, v`` of this call, held fixed) and
-    each bias's ``2·coef·k‖b‖^{2(k−1)}·b``. Differentiable once: ``create_graph=True`` raises."""
-
-    @staticmethod
-    def forward(ctx: Any, plan: _Plan, *params: Tensor) -> Tensor:
-        coef, k, n = plan.coef, plan.k, plan.num_weights
+    @torch.no_grad()
+    def value_and_grads(self, params: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """``coef·Σ_l Σ_m [(σ̂_lm^k − 1)² + ‖b_lm‖^{2k}]`` at ``params`` (weights in group order,
+        then biases) after one power step per weight (``u, v`` updated in place), and its gradient:
+        each weight's ``2·coef·k(σ̂^k − 1)σ̂^{k−1}·u vᵀ`` (``u, v`` of this step, held fixed), each
+        bias's ``2·coef·k‖b‖^{2(k−1)}·b``."""
+        coef, k, n = self.coef, self.k, self.num_weights
         weights, biases = params[:n], params[n:]
-        x, us, vs = _power(plan.stacked(weights), plan.u_rows, plan.iters, plan.bias_rows(biases), plan.ones)
+        x, us, vs = _power(self.stacked(weights), self.u_rows, self.iters, self.bias_rows(biases), self.ones)
         if us:
-            torch._foreach_copy_(plan.vectors, us + vs)
+            torch._foreach_copy_(self.vectors, us + vs)
         if k == 2.0:
-            gap = x.square() - plan.target
-            scale = gap * torch.addcmul(plan.factor_bias, x, plan.factor_weight)
+            gap = x.square() - self.target
+            scale = gap * torch.addcmul(self.factor_bias, x, self.factor_weight)
         else:
-            lw, two_ck = plan.weight_entries, 2.0 * coef * k
-            gap = x.pow(k) - plan.target
+            lw, two_ck = self.weight_entries, 2.0 * coef * k
+            gap = x.pow(k) - self.target
             sq = x[lw:].square().clamp_min(1e-30)
             scale = torch.cat([two_ck * gap[:lw] * x[:lw].pow(k - 1.0), two_ck * sq.pow(k - 1.0)])
-        ctx.plan = plan
-        ctx.save_for_backward(scale, *us, *vs, *biases)
-        return gap.square().sum() * coef
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                "the spectral penalty's gradient is formed in closed form and cannot be differentiated again "
-                "(backward with create_graph=True); leave the penalty out of losses that need second derivatives"
-            )
-        plan: _Plan = ctx.plan
-        scale, *rest = ctx.saved_tensors
-        count = len(plan.groups)
-        us, vs, biases = rest[:count], rest[count : 2 * count], rest[2 * count :]
-        pieces = (scale * grad_out).split(plan.grad_sizes)
-        grads: list[Tensor | None] = [None]
-        for g, s, u, v in zip(plan.groups, pieces, us, vs):
+        pieces = scale.split(self.grad_sizes)
+        grads: list[Tensor] = []
+        for g, s, u, v in zip(self.groups, pieces, us, vs):
             grads += g.gradients((s * u.transpose(1, 2)) * v)
-        for b, s, shape in zip(biases, pieces[count:], plan.bias_scale_shapes):
+        for b, s, shape in zip(biases, pieces[len(self.groups):], self.bias_scale_shapes):
             grads.append(b * (s if s.shape == shape else s.view(shape)))
-        return tuple(grads)
+        return gap.square().sum() * coef, grads
 
 
 @register
-class Spectral(Regularizer):
+class Spectral(ClosedFormPenalty):
     """Keep each layer's top (or every) singular value near 1 and its bias near 0."""
 
     name = "spectral"
@@ -289,21 +271,33 @@ class Spectral(Regularizer):
     def _vectors(self, i: int) -> tuple[Tensor, Tensor]:
         return self.state[f"u{i}"], self.state[f"v{i}"]
 
-    def penalty(self) -> Tensor:
+    def penalized(self) -> list[Tensor]:
+        planned = [] if self._plan is None else self._plan.params()
+        return planned + [v.weight_param for v in self._exact_views]
+
+    def _exact(self, weights: list[Tensor]) -> Tensor:
+        """The penalty of the layers whose singular values are exact (``mode=all``, norm gains)."""
         terms = []
+        for view, param in zip(self._exact_views, weights):
+            w = view.weight_of(param)
+            if view.kind == "norm":
+                sv = w.abs() if self.mode == "all" else w.abs().amax(dim=1)
+            else:
+                sv = torch.linalg.svdvals(w)
+            terms.append((sv.pow(self.k) - 1.0).square().sum())
+        return self.coef * torch.stack(terms).sum()
+
+    def penalty_and_grads(self, params: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        planned = 0 if self._plan is None else len(self._plan.bias_modules) + self._plan.num_weights
+        values, grads = [], []
         if self._plan is not None:
-            terms.append(_SpectralPenalty.apply(self._plan, *self._plan.params()))
+            value, grads = self._plan.value_and_grads(params[:planned])
+            values.append(value)
         if self._exact_views:
-            exact = []
-            for view in self._exact_views:
-                w = view.weight()
-                if view.kind == "norm":
-                    sv = w.abs() if self.mode == "all" else w.abs().amax(dim=1)
-                else:
-                    sv = torch.linalg.svdvals(w)
-                exact.append((sv.pow(self.k) - 1.0).square().sum())
-            terms.append(self.coef * torch.stack(exact).sum())
-        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+            exact_grads, value = grad_and_value(self._exact)(list(params[planned:]))
+            values.append(value)
+            grads = grads + exact_grads
+        return values[0] if len(values) == 1 else values[0] + values[1], grads
 
     @torch.no_grad()
     def sigma_estimates(self) -> list[Tensor]:

@@ -20,16 +20,18 @@ by Spectral Regularization" (arXiv:2406.06811 v1, the Wasserstein regularizer).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from sac_spectral.core.layers import checked_views
-from sac_spectral.regularizers.base import Regularizer, per_member_sq, pull, require
+from sac_spectral.regularizers.base import ClosedFormPenalty, per_member_sq, pull, require
 from sac_spectral.regularizers.registry import register
 
 
 @register
-class WassersteinInit(Regularizer):
+class WassersteinInit(ClosedFormPenalty):
     """Keep each parameter tensor's distribution of values at its initial one."""
 
     name = "wasserstein_init"
@@ -44,9 +46,14 @@ class WassersteinInit(Regularizer):
             values, order = t.detach().sort(dim=1, stable=True)
             self.state[f"sorted_init{i}"], self.state[f"order{i}"] = values, order
 
-    def _flat(self) -> list[Tensor]:
-        """Every parameter tensor as ``[M, n]``."""
-        return [t.flatten(1) for v in self.views for t in v.tensors()]
+    def _flat(self, params: Sequence[Tensor] | None = None) -> list[Tensor]:
+        """Every parameter tensor (or the values ``params`` of :meth:`penalized`) as ``[M, n]``."""
+        params = self.penalized() if params is None else params
+        members = [v.members for v in self.views for _ in v.params()]
+        return [t.reshape(m, -1) for t, m in zip(params, members)]
+
+    def penalized(self) -> list[Tensor]:
+        return [p for v in self.views for p in v.params()]
 
     @torch.no_grad()
     def _targets(self, xs: list[Tensor], keep: bool = True) -> list[Tensor]:
@@ -61,9 +68,10 @@ class WassersteinInit(Regularizer):
             out.append(torch.empty_like(x).scatter_(1, order, self.state[f"sorted_init{i}"]))
         return out
 
-    def penalty(self) -> Tensor:
-        xs = self._flat()
-        return pull(xs, self._targets(xs), self.coef)
+    def penalty_and_grads(self, params: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        xs = self._flat(params)
+        value, grads = pull(xs, self._targets(xs), self.coef)
+        return value, [g.view(p.shape) for g, p in zip(grads, params)]
 
     @torch.no_grad()
     def metrics(self) -> dict[str, Tensor]:
