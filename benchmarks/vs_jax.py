@@ -2,6 +2,7 @@
 
     pip install -e ".[bench]"
     python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check] [--compile]
+    python benchmarks/vs_jax.py --compile --block 8 --configs 1x1,10x1     # block rows: ours 8 updates per call vs a scan of 8
 
 Both sides run plain SAC (no regularizers) with cheetah-run dimensions (obs 17, action 6), 2×256
 ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is the JAX side).
@@ -28,9 +29,14 @@ ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is
 3. Spectral overhead (1x1): ours with ``run_configs/default.yaml``'s regularizers against ours
    plain, timed in the same rounds.
 
+4. Blocks (``--compile --block B``): ours with ``compile_block=B`` (B updates per program call)
+   and K = B updates per timed block, so that each timed block is one call on both sides, against
+   JAX's ``lax.scan`` of B (the ``ours/jax-scan`` lines).
+
 Output: the header lists what differs between the sides; per configuration, the median ms/update
 of each side and ``ours/jax``. The last line, ``ours/jax: 1 seed 1 thread R | 10 seeds 1 thread R
-| 1 seed 2 threads busy R``, holds the ratios (``-`` where not measured).
+| 1 seed 2 threads busy R | 1 seed block B R | 10 seeds block B R``, holds the ratios (``-`` where
+not measured; the block ratios only with ``--block``).
 """
 
 from __future__ import annotations
@@ -75,8 +81,8 @@ differences between the sides:
     for all K updates of a block at once and gathers the K batches up front; JAX draws them with
     jax.random (threefry) inside each jitted update (the scan form: inside the scan)
   - ours runs eager torch ops (fused Adam), or with --compile one inductor program per update
-    (critic step, Polyak step, actor and temperature step) that writes the parameters and Adam
-    state in place; JAX compiles the whole update (sampling included) into one XLA program, state buffers
+    (critic step, Polyak step, actor and temperature step; with --block B, B updates per program)
+    that writes the parameters and Adam state in place; JAX compiles the whole update (sampling included) into one XLA program, state buffers
     donated
   - both return the same per-update metrics (losses, mean Q, entropy) without reading them
   - timing data: 10 000 random transitions per seed of the same shapes and distributions, not the
@@ -101,7 +107,7 @@ def ours_worker(args: argparse.Namespace) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = sac_config(compile=args.compile)
+    cfg = sac_config(compile=args.compile, compile_block=args.block)
     if args.side == "ours-spectral":
         cfg.actor.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
         cfg.critic.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
@@ -162,7 +168,7 @@ class Worker:
         if side == "jax" and threads == 1:
             env["XLA_FLAGS"] = XLA_ONE_THREAD
         cmd = [sys.executable, __file__, "--worker", side, "--seeds", str(seeds), "--threads", str(threads),
-               "--core", str(core), "--updates", str(args.updates)] + (["--compile"] if args.compile else [])
+               "--core", str(core), "--updates", str(args.updates), "--block", str(args.block)] + (["--compile"] if args.compile else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def wait_ready(self) -> None:
@@ -214,8 +220,9 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     return samples
 
 
-def report(name: str, s: dict[str, list[float]]) -> float:
-    """Print one configuration's lines; returns the median per-round ratio ours/JAX."""
+def report(name: str, s: dict[str, list[float]]) -> tuple[float, float]:
+    """Print one configuration's lines; returns the median per-round ratios ours/JAX and
+    ours/JAX-scan."""
     ms = {k: statistics.median(v) * 1e3 for k, v in s.items()}
     ratio = statistics.median(o / j for o, j in zip(s["ours"], s["jax"], strict=True))
     scan_ratio = statistics.median(o / j for o, j in zip(s["ours"], s["scan"], strict=True))
@@ -224,7 +231,7 @@ def report(name: str, s: dict[str, list[float]]) -> float:
     if "spectral" in s:
         overhead = statistics.median(p / o for p, o in zip(s["spectral"], s["ours"], strict=True)) - 1
         print(f"  spectral overhead: {overhead * 100:+.0f} % (ours with the default regularizers {ms['spectral']:.3f} ms)")
-    return ratio
+    return ratio, scan_ratio
 
 
 # ----------------------------------------------------------------------------- equivalence
@@ -288,6 +295,8 @@ def main() -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--compile", action="store_true", help="ours with compile=true (the whole update compiled)")
+    p.add_argument("--block", type=int, default=1, help="with --compile: ours runs this many updates per program "
+                   "call (compile_block), and K becomes this")
     for flag, kind in (("--worker", str), ("--seeds", int), ("--threads", int), ("--core", int)):
         p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -298,12 +307,16 @@ def main() -> None:
     if importlib.util.find_spec("jax") is None or importlib.util.find_spec("optax") is None:
         print('JAX or optax is not installed; nothing to compare (pip install -e ".[bench]")')
         return
+    if args.block > 1:
+        if not args.compile:
+            p.error("--block needs --compile (blocks are compiled programs)")
+        args.updates = args.block
     names = [c for c in args.configs.split(",") if c]
     unknown = [c for c in names if c not in CONFIGS]
     if unknown:
         p.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
     print(HEADER)
-    print(f"ours: compile={'true' if args.compile else 'false'}")
+    print(f"ours: compile={'true' if args.compile else 'false'} compile_block={args.block}")
     print(f"K = {args.updates} updates per block, {args.rounds} rounds; load average before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; cores: {len(os.sched_getaffinity(0))}")
     if not args.skip_check:
@@ -315,7 +328,11 @@ def main() -> None:
                 sys.exit(1)
     ratios = {name: report(name, run_config(name, args)) for name in names}
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("ours/jax: " + " | ".join(f"{CONFIGS[n][3]} {f'{ratios[n]:.2f}' if n in ratios else '-'}" for n in FINAL))
+    cells = [f"{CONFIGS[n][3]} {f'{ratios[n][0]:.2f}' if n in ratios else '-'}" for n in FINAL]
+    for n, label in (("1x1", "1 seed"), ("10x1", "10 seeds")):
+        value = f"{ratios[n][1]:.2f}" if n in ratios and args.block > 1 else "-"
+        cells.append(f"{label} block {args.block if args.block > 1 else 8} {value}")
+    print("ours/jax: " + " | ".join(cells))
 
 
 if __name__ == "__main__":

@@ -333,6 +333,51 @@ def test_agents_in_one_process_compile_programs_of_their_own(monkeypatch):
     assert counters["stats"]["unique_graphs"] - before == 2
 
 
+class _Recorder(Regularizer):
+    """An intervention that records the update numbers its ``after_step`` sees."""
+
+    name = "recorder_test"
+    has_penalty = False
+
+    def __init__(self, module) -> None:
+        super().__init__(module)
+        self.seen: list[int] = []
+
+    def after_step(self, step: int) -> None:
+        self.seen.append(step)
+
+
+@pytest.mark.slow
+def test_compiled_blocks_equal_eager_and_keep_hooks_at_the_same_update_counts():
+    """compile_block=2: train_steps runs its updates two per program call (a spectral penalty
+    inside), the update before ``before_last`` and the rest one per call; parameters, metrics and
+    the hook's update count equal eager's. With an intervention every update runs in its own call
+    and its ``after_step`` sees eager's update numbers."""
+    buf = _paired_buffers(2)
+
+    def run(intervene: bool, **kw):
+        cfg = small_cfg(**kw)
+        cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2, "k": 1.5}]
+        agent = make_agent(seeds=(0, 1), cfg=cfg)
+        if intervene:
+            agent.critic_regs.append(_Recorder(agent.critic))
+        hooks = []
+        agent.train_steps(buf, 5, 16, before_last=lambda: hooks.append(agent.num_updates))
+        info = agent.train_steps(buf, 2, 16)
+        return agent, info, hooks
+
+    eager, eager_info, eager_hooks = run(False)
+    comp, comp_info, comp_hooks = run(False, compile=True, compile_block=2)
+    assert comp._block_size(2) == 2 and comp_hooks == eager_hooks == [4] and comp.num_updates == eager.num_updates == 7
+    for p, q in zip(comp.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    for key in eager_info:
+        torch.testing.assert_close(comp_info[key], eager_info[key], rtol=1e-5, atol=1e-5)
+    eager, *_ = run(True)
+    comp, *_ = run(True, compile=True, compile_block=2)
+    assert comp._block_size(2) == 1 and comp.critic_regs[-1].seen == eager.critic_regs[-1].seen == list(range(1, 8))
+
+
 @pytest.mark.slow
 def test_compiled_bf16_tracks_fp32():
     """compile=true with precision=bf16 casts the weights inside the program: fp32 state, losses and

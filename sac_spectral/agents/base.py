@@ -269,8 +269,9 @@ class ActorCritic(nn.Module):
         regularized_step(loss, self.optimizers[net], regs, self.num_updates + 1, step)
         self.precision.refresh(net)
 
-    def steps(self) -> list[NetStep]:
-        """The steps of the next update, in their order (the agent's update, written once)."""
+    def steps(self, update: int) -> list[NetStep]:
+        """The steps of update number ``update`` (counted from 1), in their order (the agent's
+        update, written once)."""
         raise NotImplementedError
 
     def update(self, batch: Metrics, noise: Tensor) -> Metrics:
@@ -284,7 +285,7 @@ class ActorCritic(nn.Module):
             info = self._compiled(batch, noise)
         else:
             info = {}
-            for step in self.steps():
+            for step in self.steps(self.num_updates + 1):
                 with self.precision.forward():
                     loss, metrics = step.loss(batch, noise)
                 self._step(step.net, loss)
@@ -298,19 +299,37 @@ class ActorCritic(nn.Module):
                     before_last: Callable[[], None] | None = None) -> Metrics:
         """``count`` updates on fresh uniform batches; indices and noise for all of them are drawn
         at once from each seed's ``sample`` stream. ``before_last()`` runs just before the last
-        update (what the plasticity metrics of one update measure from). Returns the last update's
-        metrics."""
+        update (what the plasticity metrics of one update measure from). With ``compile: true``
+        the updates run ``compile_block`` per program call where the compiled update can take
+        them as a block (:meth:`CompiledUpdate.block`), the rest one call each. Returns the last
+        update's metrics."""
         idx = buffer.sample_indices(self.streams["sample"], (count, batch_size))
         data = {k: v.transpose(0, 1).contiguous() for k, v in buffer.gather(idx).items()}
         noise = self.streams.randn("sample", (count, 2, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4)
         info: Metrics = {}
-        for r in range(count):
-            batch = {k: v[r] for k, v in data.items()}
-            if before_last is not None and r == count - 1:
+        hook = count - 1 if before_last is not None else count
+        r = 0
+        while r < count:
+            if r == hook:
                 before_last()
-            self.observe(batch)
-            info = self.update(batch, noise[r])
+            size = self._block_size((hook if r < hook else count) - r)
+            if size > 1:
+                info = self._compiled.block({k: v[r : r + size] for k, v in data.items()}, noise[r : r + size])
+                self._batch = {k: v[r + size - 1] for k, v in data.items()}
+                self.num_updates += size
+            else:
+                batch = {k: v[r] for k, v in data.items()}
+                self.observe(batch)
+                info = self.update(batch, noise[r])
+            r += size
         return info
+
+    def _block_size(self, left: int) -> int:
+        """How many of the ``left`` next updates run as one compiled block (1: one update)."""
+        size = getattr(self.cfg, "compile_block", 1)
+        if self._compiled is None or left < size or size == 1 or self.actor.observes or self.critic.observes:
+            return 1
+        return size if self._compiled.blockable() else 1
 
     def observe(self, batch: Metrics) -> None:
         """Show each network (and its target) the inputs of a training batch, before the update:

@@ -130,7 +130,7 @@ class CompiledUpdate:
                     for k, _ in m.named_parameters()} if bf16 else set()
         mode = "reduce-overhead" if next(agent.parameters()).device.type == "cuda" else None
         self._compile = functools.partial(torch.compile, mode=mode, dynamic=False, options={"guard_filter_fn": _argument_guards})
-        self._programs: dict[tuple[int, tuple[tuple[str, bool], ...]], Segment] = {}
+        self._programs: dict[tuple[Any, ...], Segment] = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CompiledUpdate:
         """A copied agent gets its own programs (compiled ones close over this agent)."""
@@ -174,12 +174,39 @@ class CompiledUpdate:
             info.update(metrics)
         return info
 
+    def _args(self, net: str) -> tuple[Any, ...]:
+        """A step's program arguments: the penalties, Adam state and hyperparameters of ``net``."""
+        step = self.nets[net]
+        return step.penalties(self._regs(net)), adam_state(step.optimizer, step.params), step.hyper()
+
+    def blockable(self) -> bool:
+        """Whether updates can run as one block: no regularizer intervenes between them."""
+        return not any(_intervenes(r) for r in self.agent.actor_regs + self.agent.critic_regs)
+
+    def _block(self, plan: tuple[tuple[NetStep, ...], ...], data: Metrics, noise: Tensor,
+               args: dict[str, tuple[Any, ...]]) -> Metrics:
+        """``len(plan)`` updates, update ``r`` on ``data[·][r]``, ``noise[r]``, traced into one program."""
+        info: Metrics = {}
+        for r, steps in enumerate(plan):
+            info = self._run(steps, {k: v[r] for k, v in data.items()}, noise[r], [args[s.net] for s in steps])
+        return info
+
+    def block(self, data: Metrics, noise: Tensor) -> Metrics:
+        """``len(noise)`` consecutive updates as one program call (batches ``data[·][r]`` ``[R, N,
+        B, ...]``, noise ``[R, 2, N, B, A]``), where :meth:`blockable`; the program is specialised to
+        the block's length and the step lists of its updates. Returns the last update's metrics;
+        the caller counts the updates."""
+        first = self.agent.num_updates + 1
+        plan = tuple(tuple(self.agent.steps(u)) for u in range(first, first + len(noise)))
+        key = ("block", tuple(tuple((s.net, s.after is not None) for s in steps) for steps in plan))
+        if key not in self._programs:
+            self._programs[key] = ((), self._compile(types.MethodType(_own_code(CompiledUpdate._block), self)))
+        return self._programs[key][1](plan, data, noise, {net: self._args(net) for net in self.nets})
+
     def __call__(self, batch: Metrics, noise: Tensor) -> Metrics:
         update, info = self.agent.num_updates + 1, {}
-        for steps, program in self._segments(self.agent.steps()):
-            args = [(self.nets[s.net].penalties(self._regs(s.net)),
-                     adam_state(self.nets[s.net].optimizer, self.nets[s.net].params), self.nets[s.net].hyper()) for s in steps]
-            info.update(program(steps, batch, noise, args))
+        for steps, program in self._segments(self.agent.steps(update)):
+            info.update(program(steps, batch, noise, [self._args(s.net) for s in steps]))
             for reg in self._regs(steps[-1].net):
                 reg.after_step(update)
         return info

@@ -92,6 +92,7 @@ class SACConfig:
     tau: float = option(0.005, "Polyak rate of the target critics (every update)")
     precision: str = option("fp32", "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, losses, targets)")
     compile: bool = option(False, "torch.compile the whole update: each network's loss, gradient and Adam step as one program (CUDA graphs on GPU)")
+    compile_block: int = option(1, "with compile=true: run the updates of one train_steps call (an env step's replay_ratio updates, heavy priming's) this many per program call (one program of that many updates; its first compile takes minutes); 1: one call per update")
     actor: ActorConfig = section(ActorConfig)
     critic: CriticConfig = section(CriticConfig)
     alpha: AlphaConfig = section(AlphaConfig)
@@ -99,6 +100,7 @@ class SACConfig:
     def validate(self) -> None:
         check(0 <= self.gamma <= 1, "gamma", f"must be in [0, 1], got {self.gamma}")
         check(0 < self.tau <= 1, "tau", f"must be in (0, 1], got {self.tau}")
+        check(self.compile_block >= 1, "compile_block", f"must be an integer >= 1, got {self.compile_block}")
         check(self.precision in PRECISIONS, "precision", f"'{self.precision}' is not one of {', '.join(PRECISIONS)}")
 
 

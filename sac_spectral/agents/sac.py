@@ -77,7 +77,7 @@ class SAC(SACNetworks):
         return TanhGaussianPolicy(actor, cfg)
 
     # ----------------------------------------------------------------------------- the update
-    def steps(self) -> list[NetStep]:
+    def steps(self, update: int) -> list[NetStep]:
         """Critic step, Polyak step of the targets, then actor and temperature step (on the updated
         critic), as jaxrl orders them."""
         return [NetStep("critic", self.critic_step, self.polyak), NetStep("actor", self.actor_step)]

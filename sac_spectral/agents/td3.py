@@ -102,11 +102,11 @@ class TD3(ActorCritic):
         return -q1, action.detach().abs().mean(dim=-1)
 
     # ----------------------------------------------------------------------------- the update
-    def steps(self) -> list[NetStep]:
+    def steps(self, update: int) -> list[NetStep]:
         """The critic step; every ``policy_delay``-th update also the actor step, then the Polyak
         step of both targets."""
         critic = NetStep("critic", self.critic_step)
-        if (self.num_updates + 1) % self.opts.policy_delay:
+        if update % self.opts.policy_delay:
             return [critic]
         return [critic, NetStep("actor", self.actor_step, self.polyak)]
 
