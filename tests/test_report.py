@@ -223,6 +223,28 @@ def test_priming_diagnostics_per_method_with_the_largest_sigma(tmp_path):
     assert "grad_rank/actor/erank" not in d
 
 
+def test_priming_predictors_pair_each_seed_with_its_final_score_and_rank_correlate(tmp_path):
+    """Each seed's value after priming is paired with that seed's last score, across methods (a run's
+    seeds listed out of order in its summary); the report's Spearman ρ is +1 for a diagnostic that
+    rises with the final score and −1 for one that falls."""
+    finals = {"a": {0: 300.0, 1: 100.0}, "b": {5: 500.0, 6: 200.0, 7: 400.0}}
+    for name, per_seed in finals.items():
+        seeds = list(per_seed)[::-1]
+        make_run(tmp_path / "runs" / name, {"env": "dmc:cheetah-run", "seed": min(per_seed), "priming": {"updates": 10},
+                                            "critic": {"lr": 1e-3 if name == "a" else 3e-4}},
+                 [(step, seed, ret * step / 2000) for seed, ret in per_seed.items() for step in (1000, 2000)])
+        after = {"grad_rank/critic/erank": [per_seed[s] / 100 for s in seeds], "churn/critic": [-per_seed[s] for s in seeds]}
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(
+            {"seeds": seeds, "priming": {"before": after, "after": after}}))
+    study = results.load([str(tmp_path / "runs")])
+    pairs = results.priming_predictors(study)
+    assert sorted(zip(*pairs["grad_rank/critic/erank"])) == [(1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (4.0, 0.4), (5.0, 0.5)]
+    assert run_cli(report.main, [str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    corr = json.loads((tmp_path / "rep" / "report.json").read_text())["priming_correlation"]
+    assert corr["grad_rank/critic/erank"]["rho"] == pytest.approx(1.0) and corr["grad_rank/critic/erank"]["runs"] == 5
+    assert corr["churn/critic"]["rho"] == pytest.approx(-1.0)
+
+
 def test_report_errors_are_one_line(tmp_path, capsys):
     assert run_cli(report.main, [str(tmp_path / "nothing")]) == 2
     assert "is not a directory" in capsys.readouterr().err

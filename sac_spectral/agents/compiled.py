@@ -18,8 +18,9 @@ with or without compile. The penalties' state (the spectral power-iteration vect
 in place inside the program, as eager updates it. ``precision: bf16`` casts the
 linear layers' weights to bf16 inside the program (bf16 matmuls on fp32 masters, as eager's bf16
 copies give). A program is specialised to its agent's structure and configuration at the first
-call; only its arguments (batch, noise, the regularizers with penalties, Adam state and
-hyperparameters) are guarded.
+call; only its arguments (steps, batch, noise, the regularizers with penalties, Adam state and
+hyperparameters) are guarded. :meth:`CompiledUpdate.block` runs several consecutive updates as one
+program (``compile_block``) where no regularizer intervenes between them.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _argument_guards(guards: Sequence[Any]) -> list[bool]:
-    """Keep the guards on the programs' arguments (batch, noise, penalty gradients, Adam state and
-    hyperparameters) and drop those on the agent (``self``) and globals: the agent's structure,
+    """Keep the guards on the programs' arguments (steps, batch, noise, the regularizers with
+    penalties, Adam state and hyperparameters) and drop those on the agent (``self``) and globals: the agent's structure,
     configuration and parameter tensors (written in place, never replaced) are fixed for the life
     of its :class:`CompiledUpdate`, and checking some 800 guards on them cost ≈ 0.5 ms per call."""
     return [not (g.is_global or g.name == "self" or g.name.startswith("self.")) for g in guards]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import spearmanr
 
 from sac_spectral.core.config import ConfigError
 from sac_spectral.runs.kinds import RunKind
@@ -34,6 +35,7 @@ from sac_spectral.studies.results import (
     final_scores,
     load,
     priming_diagnostics,
+    priming_predictors,
     read_mapping,
 )
 
@@ -268,6 +270,22 @@ def _priming_section(study: Study, data: dict[str, Any]) -> list[str]:
         cells = [f"{np.mean(d[k][0]):.3g} → {np.mean(d[k][1]):.3g}" if k in d else "—" for k in keys]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     data["priming"] = primed
+    return lines + _predictors_section(study, data)
+
+
+def _predictors_section(study: Study, data: dict[str, Any]) -> list[str]:
+    """Spearman's rank correlation of each diagnostic after priming with the final score, over
+    every seed of every primed run (every method together)."""
+    pairs = {k: v for k, v in priming_predictors(study).items() if len(v[0]) >= 3}
+    if not pairs:
+        return []
+    lines = ["", "Rank correlation of each diagnostic after priming with the final score (Spearman, every seed "
+             "of every primed run):", "", "| diagnostic | ρ | p | runs |", "|---|---|---|---|"]
+    data["priming_correlation"] = {}
+    for key, (xs, ys) in pairs.items():
+        rho, p = spearmanr(xs, ys) if np.ptp(xs) > 0 and np.ptp(ys) > 0 else (float("nan"), float("nan"))
+        lines.append(f"| `{key}` | {rho:.2f} | {p:.2g} | {len(xs)} |")
+        data["priming_correlation"][key] = {"rho": float(rho), "p": float(p), "runs": len(xs)}
     return lines
 
 

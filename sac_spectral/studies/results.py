@@ -22,8 +22,9 @@ from sac_spectral.studies.spec import STATUS, SWEEP_FILE
 NOT_METHOD = ("run_dir", "seed", "num_seeds", "threads", "progress", "device", "log_every", "checkpoint_every",
               "eval_every", "eval_episodes", "total_steps", "stream.num_tasks", "diagnostics", "diagnostics_every")
 #: diagnostics compared before and after heavy priming (summary.json "priming"; per seed)
-PRIMING_KEYS = ("grad_rank/critic/erank", "grad_rank/actor/erank", "features/critic/erank", "dormant/critic/fraction",
-                "dormant/actor/fraction")
+PRIMING_KEYS = ("grad_rank/critic/erank", "grad_rank/actor/erank", "features/critic/erank", "features/critic/stable_rank",
+                "features/critic/norm", "active/critic/fraction", "dormant/critic/fraction", "dormant/actor/fraction",
+                "weights/critic/distance_from_init", "churn/critic")
 
 
 @dataclass
@@ -221,6 +222,27 @@ def _priming_values(diagnostics: dict[str, list[float]]) -> dict[str, list[float
         if sigmas:
             values[f"sigma_max/{net}"] = np.max(sigmas, axis=0).tolist()
     return values
+
+
+def priming_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]]:
+    """Per diagnostic (:func:`_priming_values`), the pairs (its value after heavy priming, the
+    seed's final score) over every seed of every run that has priming diagnostics."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    summaries: dict[Path, dict[str, Any]] = {}
+    for c in study.curves:
+        if c.run not in summaries:
+            path = c.run / SUMMARY
+            summaries[c.run] = read_mapping(path) if path.is_file() else {}
+        summary = summaries[c.run]
+        after, seeds = (summary.get("priming") or {}).get("after"), summary.get("seeds") or []
+        if not after or c.seed not in seeds or not len(c.y) or not np.isfinite(c.y[-1]):
+            continue
+        for key, values in _priming_values(after).items():
+            if len(values) == len(seeds) and np.isfinite(values[seeds.index(c.seed)]):
+                xs, ys = out.setdefault(key, ([], []))
+                xs.append(float(values[seeds.index(c.seed)]))
+                ys.append(float(c.y[-1]))
+    return out
 
 
 def priming_diagnostics(study: Study) -> dict[str, dict[str, list[list[float]]]]:
