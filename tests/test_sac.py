@@ -319,17 +319,17 @@ def test_compiled_update_forms_every_penalty_inside_its_program(monkeypatch):
 
 
 @pytest.mark.slow
-def test_agents_in_one_process_compile_programs_of_their_own(monkeypatch):
+def test_agents_in_one_process_compile_programs_of_their_own():
     """Two compiled agents in one process, differing only in a constant of their update (tau),
     each get their own program (none reuses the other's, none falls back to eager at dynamo's
     recompile limit, here lowered to 1) and each equals its eager twin."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     before = counters["stats"]["unique_graphs"]
-    for tau in (0.01, 0.2):
-        comp, _ = _train_copy(small_cfg(compile=True, tau=tau), updates=2)
-        ref, _ = _train_copy(small_cfg(tau=tau), updates=2)
-        for p, q in zip(comp.parameters(), ref.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for tau in (0.01, 0.2):
+            comp, _ = _train_copy(small_cfg(compile=True, tau=tau), updates=2)
+            ref, _ = _train_copy(small_cfg(tau=tau), updates=2)
+            for p, q in zip(comp.parameters(), ref.parameters()):
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert counters["stats"]["unique_graphs"] - before == 2
 
 
