@@ -151,6 +151,12 @@ def test_a_td3_run_plays_back_its_last_evaluation_and_its_policy_is_deterministi
     assert np.array_equal(policy.act(obs), policy.act(obs)) and np.abs(policy.act(obs, deterministic=False)).max() <= 1
 
 
+def _off_minimum(agent: TD3) -> None:
+    """Scale the actor (and its target) by 1.5, so that no σ_max sits at the spectral penalty's minimum."""
+    with torch.no_grad():
+        torch._foreach_mul_(list(agent.actor.parameters()) + list(agent.target_actor.parameters()), 1.5)
+
+
 @pytest.mark.slow
 def test_compiled_td3_equals_eager_through_penalties_interventions_resets_and_resume():
     """compile=true runs TD3's steps as compiled programs (critic-only updates and delayed actor
@@ -160,9 +166,6 @@ def test_compiled_td3_equals_eager_through_penalties_interventions_resets_and_re
     the reset too) so that no σ_max sits at the penalty's minimum (the orthogonal head's σ = 1),
     where σ̂² − 1 rounds to 0 in one and ±1e-8 in the other and the first Adam step turns that into
     a step of 0.1·lr."""
-    def off_minimum(agent: TD3) -> None:
-        with torch.no_grad():
-            torch._foreach_mul_(list(agent.actor.parameters()) + list(agent.target_actor.parameters()), 1.5)
 
     def make(compile_: bool) -> TD3:
         cfg = _config()
@@ -170,7 +173,7 @@ def test_compiled_td3_equals_eager_through_penalties_interventions_resets_and_re
         cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2}]
         cfg.critic.regularizers = [{"name": "l2", "coef": 1e-2}, {"name": "shrink_perturb", "every": 2}]
         agent = TD3(OBS, ACT, cfg, SeedStreams([0, 1]))
-        off_minimum(agent)
+        _off_minimum(agent)
         return agent
 
     g = torch.Generator().manual_seed(4)
@@ -183,7 +186,7 @@ def test_compiled_td3_equals_eager_through_penalties_interventions_resets_and_re
             info = agent.update(batch, noise)
             if k == 2:
                 agent.reset(1)
-                off_minimum(agent)
+                _off_minimum(agent)
         agent.info = info
     for p, q in zip(compiled.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
@@ -218,8 +221,7 @@ def test_compiled_blocks_of_td3_updates_plan_the_delayed_actor_steps():
             setattr(cfg, key, value)
         cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2}]
         agent = TD3(OBS, ACT, cfg, SeedStreams([0, 1]))
-        with torch.no_grad():
-            torch._foreach_mul_(list(agent.actor.parameters()) + list(agent.target_actor.parameters()), 1.5)
+        _off_minimum(agent)
         return agent
 
     eager, compiled = make(), make(compile=True, compile_block=3)
