@@ -4,7 +4,7 @@
 
 Variants: fp32 eager, ``precision=bf16`` (bf16 weight copies re-cast once per optimizer step),
 torch.compile, bf16 + compile (CUDA graphs on GPU), and ``bf16-autocast``: the fp32 agent with its
-losses run under ``torch.autocast`` (how ``precision=bf16`` worked before issue 11; it casts each
+losses run under ``torch.autocast`` (the alternative to weight copies: it casts each
 weight at every use). bf16 pays off on CPUs with AVX512-BF16/AMX and on GPUs; compile warm-up time
 is reported separately. Prints ms/update and the speed-up over fp32 eager (medians of interleaved
 repeats).

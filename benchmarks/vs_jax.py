@@ -3,6 +3,7 @@
     pip install -e ".[bench]"
     python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check] [--compile]
     python benchmarks/vs_jax.py --compile --block 8 --configs 1x1,10x1     # block rows: ours 8 updates per call vs a scan of 8
+    python benchmarks/vs_jax.py --compile --block 8 --split                 # and each side's matmuls alone
 
 Both sides run plain SAC (no regularizers) with cheetah-run dimensions (obs 17, action 6), 2×256
 ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is the JAX side).
@@ -32,6 +33,8 @@ ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is
 4. Blocks (``--compile --block B``): ours with ``compile_block=B`` (B updates per program call)
    and K = B updates per timed block, so that each timed block is one call on both sides, against
    JAX's ``lax.scan`` of B (the ``ours/jax-scan`` lines).
+5. Split (``--split``): each side's matmuls alone (:mod:`benchmarks.matmul_split`), timed in the
+   same rounds, and the rest of each update (its time less its matmuls): which part the gap is in.
 
 Output: the header lists what differs between the sides; per configuration, the median ms/update
 of each side and ``ours/jax``. The last line, ``ours/jax: 1 seed 1 thread R | 10 seeds 1 thread R
@@ -103,6 +106,7 @@ def ours_worker(args: argparse.Namespace) -> None:
 
     from sac_spectral.agents.config import DEFAULT_REGULARIZERS
     from benchmarks.common import build, sac_config, time_updates
+    from benchmarks.matmul_split import torch_matmuls
     from sac_spectral.core.threads import choose_threads
 
     if args.threads:
@@ -115,13 +119,17 @@ def ours_worker(args: argparse.Namespace) -> None:
     time_updates(agent, buf, BATCH, args.updates)
     if not args.threads:  # as a run with threads=0 chooses at its start: the cores left idle since import
         torch.set_num_threads(choose_threads(0, torch.get_num_threads())[0])
-    serve({"loop": lambda: time_updates(agent, buf, BATCH, args.updates), "threads": torch.get_num_threads})
+    blocks = {"loop": lambda: time_updates(agent, buf, BATCH, args.updates), "threads": torch.get_num_threads}
+    if args.split:
+        blocks["mm"] = torch_matmuls(lambda: agent.train_steps(buf, args.updates, BATCH), args.updates)
+    serve(blocks)
 
 
 def jax_worker(args: argparse.Namespace) -> None:
     import jax
 
     from benchmarks.jax_sac import Hyper, JaxSAC, init_params
+    from benchmarks.matmul_split import jax_matmuls
 
     n, k = args.seeds, args.updates
     sac = JaxSAC(Hyper(target_entropy=-0.5 * ACT))
@@ -151,7 +159,7 @@ def jax_worker(args: argparse.Namespace) -> None:
         return (time.perf_counter() - t) / k
 
     loop(), scan()
-    serve({"loop": loop, "scan": scan})
+    serve({"loop": loop, "scan": scan} | ({"mm": jax_matmuls(sac.step, carry[0], buffer, carry[1])} if args.split else {}))
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -168,7 +176,7 @@ class Worker:
         if side == "jax" and threads == 1:
             env["XLA_FLAGS"] = XLA_ONE_THREAD
         cmd = [sys.executable, __file__, "--worker", side, "--seeds", str(seeds), "--threads", str(threads),
-               "--core", str(core), "--updates", str(args.updates), "--block", str(args.block)] + (["--compile"] if args.compile else [])
+               "--core", str(core), "--updates", str(args.updates), "--block", str(args.block)] + (["--compile"] if args.compile else []) + (["--split"] if args.split else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def wait_ready(self) -> None:
@@ -198,7 +206,7 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     spin = [sys.executable, "-c", "while True: pass"]
     spinner = subprocess.Popen(spin) if busy and not threads else None
     workers: dict[str, Worker] = {}
-    samples: dict[str, list[float]] = {k: [] for k in [*sides, "scan"]}
+    samples: dict[str, list[float]] = {k: [] for k in [*sides, "scan"] + (["ours-mm", "jax-mm"] if args.split else [])}
     try:
         workers.update({k: Worker(side, seeds, threads, core, args) for k, side in sides.items()})
         for w in workers.values():
@@ -211,6 +219,9 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
             for k in order:
                 samples[k].append(workers[k].block())
             samples["scan"].append(workers["jax"].block("scan"))
+            if args.split:
+                samples["ours-mm"].append(workers["ours"].block("mm"))
+                samples["jax-mm"].append(workers["jax"].block("mm"))
     finally:
         if spinner is not None:
             spinner.kill()
@@ -231,6 +242,10 @@ def report(name: str, s: dict[str, list[float]]) -> tuple[float, float]:
     if "spectral" in s:
         overhead = statistics.median(p / o for p, o in zip(s["spectral"], s["ours"], strict=True)) - 1
         print(f"  spectral overhead: {overhead * 100:+.0f} % (ours with the default regularizers {ms['spectral']:.3f} ms)")
+    if "ours-mm" in s:
+        print(f"  matmuls alone: ours {ms['ours-mm']:.3f} ms  jax {ms['jax-mm']:.3f} ms  ours/jax "
+              f"{statistics.median(o / j for o, j in zip(s['ours-mm'], s['jax-mm'], strict=True)):.2f}; the rest: ours "
+              f"{ms['ours'] - ms['ours-mm']:.3f} ms  jax scan {ms['scan'] - ms['jax-mm']:.3f} ms  jax loop {ms['jax'] - ms['jax-mm']:.3f} ms")
     return ratio, scan_ratio
 
 
@@ -295,6 +310,7 @@ def main() -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--compile", action="store_true", help="ours with compile=true (the whole update compiled)")
+    p.add_argument("--split", action="store_true", help="also time each side's matmuls alone (benchmarks/matmul_split.py)")
     p.add_argument("--block", type=int, default=1, help="with --compile: ours runs this many updates per program "
                    "call (compile_block), and K becomes this")
     for flag, kind in (("--worker", str), ("--seeds", int), ("--threads", int), ("--core", int)):

@@ -11,8 +11,10 @@ the median of ``--repeats``. Rows compare like with like; ``E(n)`` is the evalua
 do: ``n`` uniform-random-policy episodes before training and ``n`` deterministic-policy episodes
 after it (what ``python -m sac_spectral.train`` does with ``eval_episodes=n`` when it evaluates only
 at the end). SB3 gets ``torch.set_num_threads(--threads)`` and so does ours (``threads=N``), except
-in the first row, ours exactly as a user starts it (``threads=0``, TensorBoard, diagnostics every
-1000 updates, a checkpoint at the end, the progress bar). ``compile=true`` includes compiling the update
+in the first two rows, ours exactly as a user starts it (``threads=0``, TensorBoard, diagnostics every
+1000 updates, a checkpoint at the end, the progress bar): the default config, and the default
+config with the recommended fast settings (``compile=true``, and ``precision=bf16`` where the CPU
+has native bf16). ``compile=true`` includes compiling the update
 (inductor caches its programs on disk, so only a machine's first such run compiles from scratch). Prints each time and SB3 time / our
 time (targets: ≥ 1.5 for the default config, ≥ 1.6 for plain SAC). Installs nothing; without
 stable-baselines3 it says so and exits.
@@ -33,6 +35,16 @@ from pathlib import Path
 
 PLAIN = ["critic.regularizers=[]", "actor.regularizers=[]"]
 NO_DIAGNOSTICS = ["diagnostics.every=0"]
+FAST = "ours, fast settings as a user runs them: E(10)"
+
+
+def fast_settings() -> list[str]:
+    """The recommended fast settings (docs/speed.md): the compiled update, and bf16 matmuls where
+    the CPU has native bf16 (at replay ratio 1 every ``train_steps`` call is one update, so
+    ``compile_block`` has nothing to group)."""
+    from sac_spectral.core.precision import cpu_bf16
+
+    return ["compile=true"] + (["precision=bf16"] if cpu_bf16() else [])
 
 
 def ours(args: argparse.Namespace, run_dir: Path, extra: list[str], user_default: bool = False) -> list[str]:
@@ -126,6 +138,7 @@ def main() -> None:
 
         jobs = {
             "ours, default as a user runs it: E(10), threads=0": lambda: ours(args, run_dir(), [], user_default=True),
+            FAST: lambda: ours(args, run_dir(), fast_settings(), user_default=True),
             "SB3, E(10)": lambda: sb3(args, 10),
             "ours, default config, E(1)": lambda: ours(args, run_dir(), ["eval_episodes=1"]),
             "ours, default config, E(1), no diagnostics": lambda: ours(args, run_dir(), ["eval_episodes=1", *NO_DIAGNOSTICS]),
@@ -146,6 +159,7 @@ def main() -> None:
     print("SB3 time / our time (wall; CPU time in brackets: less sensitive to other load on the machine):")
     for name, ref in [
         ("ours, default as a user runs it: E(10), threads=0", "SB3, E(10)"),
+        (FAST, "SB3, E(10)"),
         ("ours, default config, E(1)", "SB3, E(1)"),
         ("ours, default config, E(1), no diagnostics", "SB3, E(1)"),
         ("ours, default config, E(1), compile=true", "SB3, E(1)"),
