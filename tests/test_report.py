@@ -257,6 +257,22 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     assert "--baseline 'nope' is not one of the methods: runs" in capsys.readouterr().err
 
 
+def test_merged_sweeps_name_a_baseline_by_its_method(tmp_path, capsys):
+    """Merged sweeps name methods ``<sweep>/<method>``: ``--baseline sac`` names the one ending so,
+    and a name that two sweeps share is refused, listing both."""
+    rng = np.random.default_rng(1)
+    make_sweep(tmp_path / "first", {"sac": rng.random((2, 1, 2)), "spectral": rng.random((2, 1, 2))}, TASKS[:1], [1000, 2000])
+    make_sweep(tmp_path / "second", {"spectral": rng.random((2, 1, 2)), "cbp": rng.random((2, 1, 2))}, TASKS[:1], [1000, 2000])
+    dirs = [str(tmp_path / "first"), str(tmp_path / "second")]
+    out = tmp_path / "out"
+    assert run_cli(report.main, [*dirs, "--out", str(out), "--reps", "50", "--baseline", "sac"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert data["baseline"] == "first/sac"
+    assert set(data["probability_of_improvement"]) == {"first/spectral", "second/spectral", "second/cbp"}
+    assert run_cli(report.main, [*dirs, "--out", str(out), "--baseline", "spectral"]) == 2
+    assert "--baseline 'spectral' names several methods: first/spectral, second/spectral" in capsys.readouterr().err
+
+
 def test_report_modules_import_without_torch_or_runners():
     code = ("import sys, sac_spectral.studies.report; "
             "bad = [m for m in ('torch', 'sac_spectral.train', 'sac_spectral.continual', 'sac_spectral.diagnose', "

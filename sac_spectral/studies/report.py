@@ -343,6 +343,18 @@ def report_warnings(study: Study, al: Aligned) -> list[str]:
     return ([unreliable] if few else []) + study.warnings
 
 
+def resolve_baseline(name: str | None, methods: list[str]) -> str:
+    """The method named ``name`` (default: the first). Where several sweeps are merged, methods are
+    named ``<sweep>/<method>``, and ``<method>`` alone names the one method it ends."""
+    if name is None:
+        return methods[0]
+    matches = [name] if name in methods else [m for m in methods if m.endswith(f"/{name}")]
+    if len(matches) != 1:
+        why = "names several methods" if matches else "is not one of the methods"
+        raise ConfigError(f"--baseline '{name}' {why}: {', '.join(matches or methods)}")
+    return matches[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sac_spectral.report", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -363,9 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(f"--reps must be >= 1, got {args.reps}")
     study = load(args.dirs)
     al = align(study)
-    baseline = args.baseline or al.methods[0]
-    if baseline not in al.methods:
-        raise ConfigError(f"--baseline '{baseline}' is not one of the methods: {', '.join(al.methods)}")
+    baseline = resolve_baseline(args.baseline, al.methods)
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     st = compute_statistics(al, study.kind, baseline, args.reps, args.seed)
