@@ -21,17 +21,21 @@ def _exact_sigmas(model):
 
 
 @pytest.mark.parametrize(
-    "model",
+    "make",
     [
-        nn.Sequential(nn.Linear(7, 20), nn.ReLU(), nn.Linear(20, 3)),
-        BatchedMLP(3, 7, [20, 11], 2, init="torch"),
-        nn.Sequential(nn.Conv2d(3, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 4 * 4, 2)),
+        lambda: nn.Sequential(nn.Linear(7, 20), nn.ReLU(), nn.Linear(20, 3)),
+        lambda: BatchedMLP(3, 7, [20, 11], 2, init="torch"),
+        lambda: nn.Sequential(nn.Conv2d(3, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 4 * 4, 2)),
     ],
     ids=["linear", "member-batched", "conv"],
 )
-def test_power_iteration_converges_to_sigma_max_per_member(model):
+def test_power_iteration_converges_to_sigma_max_per_member(make):
+    """Seeded weights, and enough steps for close top singular values: at 200 steps about one
+    random draw in 200 (σ₂/σ₁ near 1) was still 0.6 % short of σ_max."""
+    torch.manual_seed(0)
+    model = make()
     reg = Spectral(model, coef=1.0)
-    for _ in range(200):
+    for _ in range(1000):
         reg.penalty()
     for est, exact in zip(reg.sigma_estimates(), _exact_sigmas(model)):
         torch.testing.assert_close(est, exact, rtol=1e-4, atol=1e-5)
