@@ -81,7 +81,12 @@ def test_a_trial_never_removes_a_directory_with_files_a_run_does_not_write(tmp_p
     (run_dir / "sub").mkdir(parents=True)
     (run_dir / "config.yaml").write_text("env: x\n")
     (run_dir / "sub" / "data.bin").write_bytes(b"mine")
-    events = list(run_trial(trial_spec(tmp_path, "sac/s0")))
+    caller = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's background job inherits it
+    try:
+        events = list(run_trial(trial_spec(tmp_path, "sac/s0")))
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "the trial left its SIGINT handler behind"
+    finally:
+        signal.signal(signal.SIGINT, caller)
     assert events == [{"event": "finished", "exit_code": 2, "wall_s": 0.0, "error": events[0]["error"]}]
     assert "holds files a run does not write" in events[0]["error"]
     assert (run_dir / "sub" / "data.bin").read_bytes() == b"mine"

@@ -112,8 +112,17 @@ def run_trial(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
     then ``finished`` with its exit code and error line. Cancelling the task (Ctrl-C of the sweep)
     sends the runner SIGTERM: it checkpoints and exits."""
     # Ray cancels a running task by raising KeyboardInterrupt in it, which needs Python's SIGINT
-    # handler (a sweep started in the background by a shell inherits SIGINT ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # handler (a sweep started in the background by a shell inherits SIGINT ignored); the caller's
+    # handler is back once the trial ends.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield from _run(spec)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The body of :func:`run_trial`, under Python's SIGINT handler."""
     run_dir, log = Path(spec["run_dir"]), Path(spec["log"])
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
