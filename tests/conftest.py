@@ -47,6 +47,15 @@ def _one_thread():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same global random state, whichever worker runs it and
+    whatever ran before: a test's random draws never depend on the suite's order."""
+    torch.manual_seed(0)
+    np.random.seed(0)
+    yield
+
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
