@@ -164,6 +164,26 @@ def test_report_files_and_figures_are_not_blank(known, tmp_path):
         assert (img < 0.9).mean() > 0.01 and img.std() > 0.05, name  # drawn on, not a blank canvas
 
 
+@pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")  # arch, called by rliable
+def test_many_methods_get_distinct_colours_and_a_legend_beside_the_curves(tmp_path):
+    from sac_spectral.studies import figures
+
+    rng = np.random.default_rng(0)
+    names = [f"arm{i:02d}" for i in range(13)]
+    make_sweep(tmp_path / "study", {m: rng.uniform(0, 1, (3, 1, 4)) for m in names}, TASKS[:1], STEPS)
+    study = results.load([str(tmp_path / "study")])
+    al = results.align(study)
+    st = report.compute_statistics(al, study.kind, names[0], REPS, SEED)
+    figs = figures.build_figures(al, st, study.kind, normalized=True)
+    for name in ("iqm_curves.png", "performance_profile.png"):
+        ax = figs[name].axes[0]
+        assert len({line.get_color() for line in ax.get_lines()}) == 13, name
+        figs[name].canvas.draw()
+        renderer = figs[name].canvas.get_renderer()
+        legend, data = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert legend.x0 >= data.x1, name  # beside the axes, not over the curves
+
+
 def test_one_seed_has_no_confidence_interval(tmp_path):
     arr = {"a": np.array([[[0.2, 0.4], [0.5, 0.7]]]), "b": np.array([[[0.1, 0.3], [0.6, 0.9]]])}
     make_sweep(tmp_path / "one", arr, TASKS, [1000, 2000])

@@ -20,11 +20,33 @@ STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
+#: more curves than this in one axes: their legend goes beside the axes instead of over the data
+LEGEND_INSIDE = 6
+
+
 def _colors(methods: Sequence[str]) -> dict[str, Any]:
+    """A colour per method: tab10, or tab20 (pairs of a dark and a light shade, so that no two of up
+    to 20 methods share one) when there are more than 10; beyond 20 the palette repeats."""
     import matplotlib
 
-    cmap = matplotlib.colormaps["tab10"]
-    return {m: cmap(i % 10) for i, m in enumerate(methods)}
+    if len(methods) <= 10:
+        cmap, n = matplotlib.colormaps["tab10"], 10
+    else:
+        cmap, n = matplotlib.colormaps["tab20"], 20
+    return {m: cmap(i % n) for i, m in enumerate(methods)}
+
+
+def _band_alpha(curves: int, alpha: float) -> float:
+    """The opacity of each CI band: lighter as more bands overlap, so the lines stay readable."""
+    return alpha if curves <= LEGEND_INSIDE else alpha / 2
+
+
+def _legend(ax: Any, curves: int) -> None:
+    """The legend over the axes for a few curves; beside it, right of the plot, for many."""
+    if curves <= LEGEND_INSIDE:
+        ax.legend(fontsize="medium")
+    else:
+        ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
 
 
 def _style(i: int) -> dict[str, Any]:
@@ -54,12 +76,12 @@ def iqm_curves(al: Aligned, st: dict[str, Any], colors: dict[str, Any], xlabel: 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, m in enumerate(al.methods):
         ax.plot(al.x, st["curve_point"][m], color=colors[m], label=m, markevery=max(1, len(al.x) // 10), **_style(i))
-        ax.fill_between(al.x, *st["curve_ci"][m], color=colors[m], alpha=0.2)
+        ax.fill_between(al.x, *st["curve_ci"][m], color=colors[m], alpha=_band_alpha(len(al.methods), 0.2))
     _few_ticks(ax, 5)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"IQM {score}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="medium")
+    _legend(ax, len(al.methods))
     ax.set_title(f"IQM over {len(al.tasks)} task(s) × seeds, 95 % stratified-bootstrap CI")
     return fig
 
@@ -151,7 +173,7 @@ def performance_profile(al: Aligned, st: dict[str, Any], colors: dict[str, Any],
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, m in enumerate(al.methods):
         ax.plot(taus, st["prof_point"][m], color=colors[m], label=m, markevery=max(1, len(taus) // 8), **_style(i))
-        ax.fill_between(taus, *st["prof_ci"][m], color=colors[m], alpha=0.15)
+        ax.fill_between(taus, *st["prof_ci"][m], color=colors[m], alpha=_band_alpha(len(al.methods), 0.15))
     ax.set_xlim(taus[0], taus[-1])
     ax.set_ylim(-0.03, 1.03)
     _few_ticks(ax, 5)
@@ -159,7 +181,7 @@ def performance_profile(al: Aligned, st: dict[str, Any], colors: dict[str, Any],
     ax.set_ylabel("fraction of runs with score > τ")
     ax.set_title("performance profile, 95 % stratified-bootstrap CI bands", fontsize="medium")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="medium")
+    _legend(ax, len(al.methods))
     return fig
 
 
