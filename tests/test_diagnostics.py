@@ -169,11 +169,36 @@ def test_factored_gram_refuses_what_it_cannot_factor_and_auto_falls_back():
     penalized = lambda m, b: m(b).squeeze(-1) + m[0].weight.square().sum()  # noqa: E731  weight used outside its layer
     with pytest.raises(ValueError, match="used outside the layer"):
         gradient_grams(tied, penalized, x, method="factored")
-    norm_model, fn, batch = _batched_case()  # LayerNorm parameters: auto uses torch.func
-    auto = gradient_grams(norm_model, fn, batch, example_dim=1)
-    torch.testing.assert_close(auto["all"], gradient_grams(norm_model, fn, batch, example_dim=1, method="func")["all"])
+    scaled = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1))
+    scaled.register_parameter("scale", nn.Parameter(torch.ones(())))  # not a layer's: auto uses torch.func
+    scaled_fn = lambda m, b: (m(b) * m.scale).squeeze(-1)  # noqa: E731
+    auto = gradient_grams(scaled, scaled_fn, x)
+    torch.testing.assert_close(auto["all"], gradient_grams(scaled, scaled_fn, x, method="func")["all"])
     with pytest.raises(ValueError, match="method='factored' needs"):
-        gradient_grams(norm_model, fn, batch, example_dim=1, method="factored")
+        gradient_grams(scaled, scaled_fn, x, method="factored")
+
+
+def _plain_layer_norm_case():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(5, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    with torch.no_grad():  # gains and shifts away from their initial 1 and 0
+        model[1].weight.normal_(1.0, 0.3), model[1].bias.normal_(0.0, 0.3)
+    batch = (torch.randn(9, 5), torch.randn(9, 2))
+    return model, (lambda m, b: (m(b[0]) - b[1]).square().sum(-1)), batch
+
+
+@pytest.mark.parametrize("case", [_batched_case, _plain_layer_norm_case], ids=["member-batched", "nn.LayerNorm"])
+def test_layer_norm_gains_and_shifts_factor_exactly(case):
+    """A LayerNorm's per-example gradients δ∘n(x) (gain) and δ (shift) give the Gram that torch.func's
+    explicit per-example gradients give, and auto now takes the factored path."""
+    model, fn, batch = case()
+    dim = 1 if isinstance(model, BatchedMLP) else 0
+    ref = gradient_grams(model, fn, batch, example_dim=dim, method="func")
+    for method in ("factored", "auto"):
+        got = gradient_grams(model, fn, batch, example_dim=dim, method=method)
+        assert got.keys() == ref.keys()
+        for k in ref:
+            torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6 * float(ref[k].abs().max()))
 
 
 def test_gradient_rank_of_a_linear_model_is_the_data_rank():
@@ -247,9 +272,10 @@ def test_network_diagnostics_reports_every_tag_for_a_supervised_model():
 # --------------------------------------------------------------------------------------------- SAC
 
 
-def _agent_and_buffer(seeds=(0, 1)):
+def _agent_and_buffer(seeds=(0, 1), arch="mlp"):
     cfg = SACConfig()
     cfg.actor.hidden = cfg.critic.hidden = [16, 16]
+    cfg.actor.arch = cfg.critic.arch = arch
     cfg.critic.regularizers = [{"name": "spectral", "coef": 1e-3}]
     agent = SAC(5, 2, cfg, SeedStreams(list(seeds)))
     buf = ReplayBuffer(500, 5, 2, len(seeds))
@@ -261,9 +287,10 @@ def _agent_and_buffer(seeds=(0, 1)):
     return agent, buf
 
 
+@pytest.mark.parametrize("arch", ["mlp", "bronet", "simba"])
 @pytest.mark.parametrize("which", ["critic", "actor"])
-def test_sac_closures_factored_equals_torch_func_per_member(which):
-    agent, buf = _agent_and_buffer()
+def test_sac_closures_factored_equals_torch_func_per_member(which, arch):
+    agent, buf = _agent_and_buffer(arch=arch)
     batch, noise = probe_batch(agent, buf, 24, [0, 1], tick=5)
     loss, probe = critic_td_loss(agent, batch, noise[0]) if which == "critic" else actor_loss(agent, batch, noise[1])
     net = agent.critic if which == "critic" else agent.actor

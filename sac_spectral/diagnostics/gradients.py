@@ -23,10 +23,14 @@ eigenvalues are the squared singular values of ``G_m``. Two exact ways to form t
   bias): one forward and backward of the batch and ``B²(in + out)`` FLOPs per layer instead of
   ``B²·in·out``. It requires examples that do not interact (no batch statistics) and layers that
   run once per loss; a layer that runs twice, or a weight whose summed gradient differs from
-  ``Aᵀ Δ`` (the weight used elsewhere too), raises ``ValueError``.
+  ``Aᵀ Δ`` (the weight used elsewhere too), raises ``ValueError``. A LayerNorm's gain and shift
+  (``y = γ ∘ n(x) + β``, ``n`` the normalized input) factor alike: their per-example gradients are
+  ``δ_i ∘ n_i`` and ``δ_i``, so ``K = (Δ ∘ N)(Δ ∘ N)ᵀ + Δ Δᵀ``, and residual LayerNorm networks
+  (BroNet, SimBa) never hold the ``B × P`` per-example gradients in memory.
 
 ``"auto"`` uses ``factored`` when every selected parameter is the weight or bias of a
-``Linear``/``BatchedLinear`` layer and the module has no batch-norm layer, else ``func``.
+``Linear``/``BatchedLinear`` layer or of a LayerNorm over one feature axis
+(``nn.LayerNorm``/``BatchedLayerNorm``) and the module has no batch-norm layer, else ``func``.
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
 from sac_spectral.core.layers import layer_views
-from sac_spectral.core.nets import BatchedLinear
+from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear
 from sac_spectral.core.reinit import member_count, members_view
 from sac_spectral.diagnostics.metrics import (
     DEFAULT_RTOL,
@@ -158,14 +163,45 @@ def _func_grams(
     return grams
 
 
+def _is_layer_norm(mod: nn.Module) -> bool:
+    """A LayerNorm with a gain and shift over one (the last) feature axis."""
+    return isinstance(mod, BatchedLayerNorm) or (
+        isinstance(mod, nn.LayerNorm) and mod.elementwise_affine and len(mod.normalized_shape) == 1)
+
+
 def _factorable(module: nn.Module, selected: dict[str, nn.Parameter]) -> bool:
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
         return False
     for name, p in selected.items():
         owner, leaf = _owner(module, name), name.rpartition(".")[2]
-        if not isinstance(owner, (nn.Linear, BatchedLinear)) or leaf not in ("weight", "bias") or not p.requires_grad:
+        layer = isinstance(owner, (nn.Linear, BatchedLinear)) or _is_layer_norm(owner)
+        if not layer or leaf not in ("weight", "bias") or not p.requires_grad:
             return False
     return True
+
+
+def _layer_gram(name: str, mod: nn.Module, leaves: set[str], inp: Tensor, d: Tensor, w_grad: Tensor | None,
+                checked: bool) -> Tensor:
+    """``K = G Gᵀ [M, B, B]`` of one layer's selected parameters from its input ``inp`` and the loss
+    gradient ``d`` at its output (float64, ``[M, B, out]``); ``checked``: verify that the summed
+    per-example weight gradients equal the weight's real gradient ``w_grad``."""
+    members = d.shape[0]
+    if _is_layer_norm(mod):
+        a = F.layer_norm(inp.detach().double(), (inp.shape[-1],), eps=mod.eps).reshape(members, -1, inp.shape[-1])
+        per_example = d * a  # the gain's per-example gradients
+        recon = per_example.sum(1)
+    else:
+        a = inp.detach().double().reshape(members, -1, inp.shape[-1])
+        recon = torch.einsum("mbi,mbo->moi", a, d)
+    dd = d @ d.transpose(1, 2)
+    k = dd if "bias" in leaves else torch.zeros_like(dd)
+    if checked:
+        ref = members_view(torch.zeros_like(mod.weight) if w_grad is None else w_grad, mod).double()
+        if not torch.allclose(recon, ref, rtol=1e-3, atol=1e-4 * float(ref.abs().amax())):
+            raise ValueError(f"the weight gradient of layer '{name}' is not the sum of its per-example gradients "
+                             "(the weight is used outside the layer); use method='func'")
+        k = k + (per_example @ per_example.transpose(1, 2) if _is_layer_norm(mod) else (a @ a.transpose(1, 2)) * dd)
+    return k
 
 
 def _factored_grams(
@@ -203,21 +239,12 @@ def _factored_grams(
         name, mod, leaves = layers[i]
         (inp, out), d = records[i][0], d_out[i]
         members = member_count(mod)
-        a = inp.detach().double().reshape(members, -1, inp.shape[-1])
         d = torch.zeros_like(out, dtype=torch.float64) if d is None else d.double()
         d = d.reshape(members, -1, out.shape[-1])
-        if a.shape[1] != n:
+        if d.shape[1] != n:
             raise ValueError(f"layer '{name}' saw input of shape {tuple(inp.shape)}, not one row per example "
                              f"of the batch of {n}; use method='func'")
-        dd = d @ d.transpose(1, 2)
-        k = dd if "bias" in leaves else torch.zeros_like(dd)
-        if i in w_grads:
-            recon = torch.einsum("mbi,mbo->moi", a, d)
-            ref = members_view(torch.zeros_like(mod.weight) if w_grads[i] is None else w_grads[i], mod).double()
-            if not torch.allclose(recon, ref, rtol=1e-3, atol=1e-4 * float(ref.abs().amax())):
-                raise ValueError(f"the weight gradient of layer '{name}' is not the sum of per-example outer "
-                                 "products (the weight is used outside the layer); use method='func'")
-            k = k + (a @ a.transpose(1, 2)) * dd
+        k = _layer_gram(name, mod, leaves, inp, d, w_grads.get(i), i in w_grads)
         for key in [ALL, groups[i]] if i in groups else [ALL]:
             grams[key] = grams[key] + k if key in grams else k
     return grams
@@ -241,7 +268,7 @@ def gradient_grams(
     if method == "factored" or (method == "auto" and _factorable(module, selected)):
         if method == "factored" and not _factorable(module, selected):
             raise ValueError("method='factored' needs every selected parameter to be the weight or bias of a "
-                             "Linear/BatchedLinear layer (and no batch norm); use method='func'")
+                             "Linear/BatchedLinear or LayerNorm layer (and no batch norm); use method='func'")
         return _factored_grams(module, loss_fn, batch, selected, example_dim)
     return _func_grams(module, loss_fn, batch, selected, example_dim, members, chunk_size)
 
