@@ -183,25 +183,26 @@ def _factorable(module: nn.Module, selected: dict[str, nn.Parameter]) -> bool:
 def _layer_gram(name: str, mod: nn.Module, leaves: set[str], inp: Tensor, d: Tensor, w_grad: Tensor | None,
                 checked: bool) -> Tensor:
     """``K = G Gᵀ [M, B, B]`` of one layer's selected parameters from its input ``inp`` and the loss
-    gradient ``d`` at its output (float64, ``[M, B, out]``); ``checked``: verify that the summed
-    per-example weight gradients equal the weight's real gradient ``w_grad``."""
-    members = d.shape[0]
-    if _is_layer_norm(mod):
-        a = F.layer_norm(inp.detach().double(), (inp.shape[-1],), eps=mod.eps).reshape(members, -1, inp.shape[-1])
-        per_example = d * a  # the gain's per-example gradients
-        recon = per_example.sum(1)
-    else:
-        a = inp.detach().double().reshape(members, -1, inp.shape[-1])
-        recon = torch.einsum("mbi,mbo->moi", a, d)
+    gradient ``d`` at its output (float64, ``[M, B, out]``); ``checked`` (the weight is selected):
+    add the weight's part, after verifying that its summed per-example gradients equal its real
+    gradient ``w_grad``."""
     dd = d @ d.transpose(1, 2)
     k = dd if "bias" in leaves else torch.zeros_like(dd)
-    if checked:
-        ref = members_view(torch.zeros_like(mod.weight) if w_grad is None else w_grad, mod).double()
-        if not torch.allclose(recon, ref, rtol=1e-3, atol=1e-4 * float(ref.abs().amax())):
-            raise ValueError(f"the weight gradient of layer '{name}' is not the sum of its per-example gradients "
-                             "(the weight is used outside the layer); use method='func'")
-        k = k + (per_example @ per_example.transpose(1, 2) if _is_layer_norm(mod) else (a @ a.transpose(1, 2)) * dd)
-    return k
+    if not checked:
+        return k
+    a = inp.detach().double()
+    if _is_layer_norm(mod):
+        a = F.layer_norm(a, (a.shape[-1],), eps=mod.eps).reshape(d.shape[0], -1, a.shape[-1])
+        gain = d * a  # the gain's per-example gradients
+        recon, weight_gram = gain.sum(1), gain @ gain.transpose(1, 2)
+    else:
+        a = a.reshape(d.shape[0], -1, a.shape[-1])
+        recon, weight_gram = torch.einsum("mbi,mbo->moi", a, d), (a @ a.transpose(1, 2)) * dd
+    ref = members_view(torch.zeros_like(mod.weight) if w_grad is None else w_grad, mod).double()
+    if not torch.allclose(recon, ref, rtol=1e-3, atol=1e-4 * float(ref.abs().amax())):
+        raise ValueError(f"the weight gradient of layer '{name}' is not the sum of its per-example gradients "
+                         "(the weight is used outside the layer); use method='func'")
+    return k + weight_gram
 
 
 def _factored_grams(
