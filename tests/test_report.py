@@ -333,7 +333,7 @@ def test_diagnostics_table_is_the_iqm_of_each_methods_final_values(known, tmp_pa
 def test_the_installed_run_kinds_are_found_and_an_unknown_one_is_a_one_line_error():
     assert {"train", "continual"} <= set(kind_names())
     assert get_kind("train").load("config").__name__ == "TrainConfig"
-    with pytest.raises(Exception, match=r"^unknown run kind 'bandit'; known: .*continual.*train"):
+    with pytest.raises(Exception, match=r"^run kind 'bandit' is not one of .*continual.*train"):
         get_kind("bandit")
 
 

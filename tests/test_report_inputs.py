@@ -141,6 +141,59 @@ def test_five_seeds_are_not_flagged(tmp_path):
     assert "few seeds" not in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_a_method_with_one_seed_gets_no_interval_beside_methods_with_several(tmp_path, capsys):
+    """One seed of ``critic.lr=0.0001``, three of the other: its scores and every probability of
+    improvement it takes part in say there is no interval, instead of ``0.85 [0.85, 0.85]``."""
+    root = runs(tmp_path, n_seeds=3, returns=(700.0, 900.0, 900.0))
+    make_run(root / "one", "dmc:cheetah-run", 0, [(1000, 650.0), (2000, 850.0), (3000, 850.0)])
+    cfg = yaml.safe_load((root / "one" / "config.yaml").read_text())
+    (root / "one" / "config.yaml").write_text(yaml.safe_dump({**cfg, "critic": {"lr": 1e-4}}))
+    assert report_of(root, tmp_path, "--baseline", "critic.lr=0.0003") == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "**One seed per task for critic.lr=0.0001: no confidence intervals**" in md
+    aggregate, improvement = md.split("## Aggregate", 1)[1].split("## Probability", 1)
+    one, three = (next(line for line in aggregate.splitlines() if line.startswith(f"| critic.lr={lr} |"))
+                  for lr in ("0.0001", "0.0003"))
+    assert "[" not in one and one.count("0.85 (1 seed, no CI)") == 3, one
+    assert "0.901 [0.9, 0.902]" in three
+    poi = next(line for line in improvement.splitlines() if line.startswith("| critic.lr=0.0001 |"))
+    assert poi == "| critic.lr=0.0001 | 0 (1 seed, no CI) |", poi
+    task = md.split("## Final score per task", 1)[1].split("##", 1)[0]
+    assert "| critic.lr=0.0001 | 0.85 |" in task, task  # its value, not "0.85 ± 0"
+    assert "IQM 0.85 (1 seed, no CI)" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- --diagnostics
+def test_an_unknown_diagnostic_is_one_readable_line_with_the_closest_logged_tags(tmp_path, capsys):
+    """Runs that logged 40 diagnostics: a misspelt tag's error names the closest whole tags (none cut
+    mid-word) and how many there are; a few logged tags are all listed."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    root = runs(tmp_path)
+    tags = ([f"spectral/critic/layer{i}/sigma_max" for i in range(36)] +
+            ["features/critic/stable_rank", "features/critic/erank", "active/critic/fraction", "churn/critic"])
+    for run_dir in root.iterdir():
+        writer = SummaryWriter(str(run_dir))
+        for tag in tags:
+            writer.add_scalar(tag, 1.0, 3000)
+        writer.close()
+    assert report_of(root, tmp_path, "--diagnostics", "features/critic/stabel_rank") == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: --diagnostics: no run logged features/critic/stabel_rank; closest of the 40 logged "
+                           "tags: features/critic/stable_rank"), line
+    assert set(line.split("tags: ", 1)[1].split(", ")) <= set(tags) and len(line) < 250, line
+    assert report_of(root, tmp_path, "--diagnostics", "q/mean") == 2
+    line = one_error_line(capsys)
+    assert line.endswith("none of the 40 logged tags is close; they start with active, churn, features, spectral"), line
+    few = runs(tmp_path / "few")
+    for run_dir in few.iterdir():
+        writer = SummaryWriter(str(run_dir))
+        writer.add_scalar("churn/critic", 1.0, 3000)
+        writer.close()
+    assert report_of(few, tmp_path, "--diagnostics", "features/critic/stabel_rank") == 2
+    assert one_error_line(capsys).endswith("no run logged features/critic/stabel_rank; the runs logged churn/critic")
+
+
 # ----------------------------------------------------------------------------- figures
 def overlaps(texts, renderer) -> list[tuple[str, str]]:
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts if t.get_visible() and t.get_text()]

@@ -10,7 +10,9 @@ registers it in its distribution's metadata, in the entry-point group ``sac_spec
 
 :func:`get_kind` finds every kind so declared by any installed distribution (this package's own
 ``train`` and ``continual``, or a user's), and :func:`register_kind` adds one in-process (a notebook
-or a test). Nothing in this layer names a runner.
+or a test). Nothing in this layer names a runner. A plug-in that fails to load, or declares a
+built-in's name, is skipped with a warning (:func:`~sac_spectral.core.plugins.load_entry_points`);
+only asking for a broken plug-in's kind is an error, which says why.
 
 Every run records its kind: in the first line of ``config.yaml`` (a YAML comment, so the file stays
 a valid ``--config``), in its checkpoint and in ``summary.json``. :func:`run_kind` reads it; runs
@@ -24,11 +26,11 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from sac_spectral.core.config import ConfigError
+from sac_spectral.core.plugins import load_entry_points
 from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY
 
 GROUP = "sac_spectral.run_kinds"
@@ -83,6 +85,8 @@ class RunKind:
 
 
 _KINDS: dict[str, RunKind] = {}
+#: kinds whose plug-in failed to load: name -> why
+_BROKEN: dict[str, str] = {}
 _discovered = False
 
 
@@ -94,13 +98,19 @@ def register_kind(kind: RunKind) -> RunKind:
     return kind
 
 
+def _register_declared(name: str, kind: Any) -> None:
+    """Register the kind that the entry point ``name`` declares; a kind registered in-process keeps its name."""
+    if isinstance(kind, RunKind) and kind.name != name:
+        raise ValueError(f"its RunKind is named '{kind.name}', not '{name}'")
+    if name not in _KINDS:
+        register_kind(kind)
+
+
 def _discover() -> None:
     global _discovered
     if not _discovered:
         _discovered = True
-        for point in entry_points(group=GROUP):
-            if point.name not in _KINDS:
-                register_kind(point.load())
+        _BROKEN.update(load_entry_points(GROUP, _register_declared))
 
 
 def kind_names() -> list[str]:
@@ -109,11 +119,21 @@ def kind_names() -> list[str]:
     return sorted(_KINDS)
 
 
+def unknown_kind(name: str) -> str:
+    """Why no kind is called ``name``: its plug-in's failure, or the known kinds."""
+    _discover()
+    if name in _BROKEN:
+        return f"'{name}' is unavailable: {_BROKEN[name]}"
+    if not _KINDS:
+        return f"'{name}' is unknown: no run kind is installed (is the package installed?)"
+    return f"'{name}' is not one of {', '.join(sorted(_KINDS))}"
+
+
 def get_kind(name: str) -> RunKind:
-    """The kind called ``name``; an unknown one is a one-line error naming the known ones."""
+    """The kind called ``name``; an unknown or broken one is a one-line error saying why."""
     _discover()
     if name not in _KINDS:
-        raise ConfigError(f"unknown run kind '{name}'; known: {', '.join(sorted(_KINDS)) or 'none (is the package installed?)'}")
+        raise ConfigError(f"run kind {unknown_kind(name)}")
     return _KINDS[name]
 
 

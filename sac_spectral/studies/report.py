@@ -18,6 +18,7 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +119,9 @@ def _digits(*values: float) -> list[str]:
 
 
 def _ci(point: float, lo: float, hi: float, one_seed: bool) -> str:
+    """``point [lo, hi]``; with one seed the bootstrap has nothing to resample: ``point (1 seed, no CI)``."""
     if one_seed:
-        return _digits(point)[0]
+        return f"{_digits(point)[0]} (1 seed, no CI)"
     p, a, b = _digits(point, lo, hi)
     return f"{p} [{a}, {b}]"
 
@@ -142,20 +144,21 @@ def _header(study: Study, al: Aligned, reps: int, sources: Sequence[str], cautio
         f"Statistics: rliable, {reps} bootstrap resamples, 95 % stratified-bootstrap confidence intervals over "
         "runs within each task.",
     ]
-    if all(len(s) == 1 for s in al.seeds.values()):
-        lines.append("\n**One seed per task: no confidence intervals** (the bootstrap has nothing to resample).")
+    single = [m for m, s in al.seeds.items() if len(s) == 1]
+    if single:
+        who = "" if len(single) == len(al.seeds) else f" for {', '.join(single)}"
+        lines.append(f"\n**One seed per task{who}: no confidence intervals** (the bootstrap has nothing to resample).")
     if cautions:
         lines += ["", "## Warnings", "", *(f"- **{w}**" for w in cautions)]
     return lines
 
 
-def _aggregate_section(al: Aligned, st: dict[str, Any], metrics: list[str], one_seed: bool,
-                       data: dict[str, Any]) -> list[str]:
+def _aggregate_section(al: Aligned, st: dict[str, Any], metrics: list[str], data: dict[str, Any]) -> list[str]:
     lines = ["", "## Aggregate final scores", "", "| method | " + " | ".join(metrics) + " | tasks | seeds per task |",
              "|---" * (len(metrics) + 3) + "|"]
     for m in al.methods:
         p, c = st["point"][m], st["ci"][m]
-        cells = [_ci(p[i], c[0, i], c[1, i], one_seed) for i in range(len(metrics))]
+        cells = [_ci(p[i], c[0, i], c[1, i], len(al.seeds[m]) == 1) for i in range(len(metrics))]
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {len(al.tasks)} | {len(al.seeds[m])} |")
         data["methods"][m] = {
             "seeds": al.seeds[m], "n_tasks": len(al.tasks), "n_runs": int(st["final"][m].size),
@@ -166,7 +169,7 @@ def _aggregate_section(al: Aligned, st: dict[str, Any], metrics: list[str], one_
     return lines
 
 
-def _improvement_section(st: dict[str, Any], baseline: str, one_seed: bool, data: dict[str, Any]) -> list[str]:
+def _improvement_section(al: Aligned, st: dict[str, Any], baseline: str, data: dict[str, Any]) -> list[str]:
     if not st["poi_point"]:
         return []
     lines = ["", f"## Probability of improvement over `{baseline}`", "",
@@ -177,6 +180,7 @@ def _improvement_section(st: dict[str, Any], baseline: str, one_seed: bool, data
     for pair, p in st["poi_point"].items():
         m = pair.split(PAIR)[0]
         lo, hi = np.ravel(st["poi_ci"][pair])
+        one_seed = len(al.seeds[m]) == 1 or len(al.seeds[baseline]) == 1  # that side is never resampled
         lines.append(f"| {m} | {_ci(float(p), lo, hi, one_seed)} |")
         data["probability_of_improvement"][m] = [float(p), float(lo), float(hi)]
     return lines
@@ -192,7 +196,10 @@ def _per_task_section(al: Aligned, st: dict[str, Any]) -> list[str]:
 
 
 def _mean_sd(values: np.ndarray) -> str:
-    return " ± ".join(_digits(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0))
+    """``mean ± std``; one seed has no spread: its value alone."""
+    if len(values) == 1:
+        return _digits(float(values[0]))[0]
+    return " ± ".join(_digits(float(values.mean()), float(values.std(ddof=1))))
 
 
 def _first_last_section(al: Aligned, kind: RunKind, data: dict[str, Any]) -> list[str]:
@@ -226,11 +233,24 @@ def diagnostic_values(study: Study, tags: Sequence[str]) -> dict[str, dict[str, 
             out[tag].setdefault(curve.method, {}).setdefault(curve.task, []).append(value)
     missing = [t for t, by in out.items() if not by]
     if missing:
-        known = logged_tags(study.curves[0].run) if study.curves else []
-        hint = ", ".join(t for t in known if t.startswith(("features/", "active/", "weights/", "grad_rank/", "dormant/",
-                                                           "churn/", "grads/", "spectral/")))[:400]
-        raise ConfigError(f"--diagnostics: no run logged {', '.join(missing)}; logged diagnostics include: {hint}")
+        known = sorted({t for run in dict.fromkeys(c.run for c in study.curves) for t in logged_tags(run)})
+        raise ConfigError(f"--diagnostics: no run logged {', '.join(missing)}; {_closest(missing, known)}")
     return out
+
+
+#: logged tags an unknown ``--diagnostics`` tag's error lists in full; beyond, only the closest
+SHOWN_TAGS = 12
+
+
+def _closest(missing: Sequence[str], known: Sequence[str]) -> str:
+    """The logged tags, or where there are many the few closest to the ``missing`` ones."""
+    if len(known) <= SHOWN_TAGS:
+        return f"the runs logged {', '.join(known)}" if known else "the runs logged no TensorBoard scalars"
+    close = dict.fromkeys(t for m in missing for t in get_close_matches(m, known, n=5, cutoff=0.5))
+    if close:
+        return f"closest of the {len(known)} logged tags: {', '.join(close)}"
+    groups = sorted({t.split("/")[0] for t in known})
+    return f"none of the {len(known)} logged tags is close; they start with {', '.join(groups)}"
 
 
 def _diagnostics_section(study: Study, tags: Sequence[str], reps: int, seed: int, data: dict[str, Any]) -> list[str]:
@@ -303,14 +323,13 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
                  reps: int, sources: Sequence[str], cautions: list[str], diagnostics: Sequence[str] = (),
                  seed: int = 0) -> dict[str, Any]:
     """Write ``report.md`` and ``report.json``; returns what ``report.json`` holds."""
-    one_seed = all(len(s) == 1 for s in al.seeds.values())
     metrics = list(METRICS) if study.normalized else list(METRICS[:3])
     data: dict[str, Any] = {"kind": study.kind.name, "score": _score_name(study), "tasks": al.tasks,
                             "final_x": float(al.x[-1]), "reps": reps, "baseline": baseline, "methods": {},
                             "warnings": cautions}
     lines = _header(study, al, reps, sources, cautions)
-    lines += _aggregate_section(al, st, metrics, one_seed, data)
-    lines += _improvement_section(st, baseline, one_seed, data)
+    lines += _aggregate_section(al, st, metrics, data)
+    lines += _improvement_section(al, st, baseline, data)
     lines += _per_task_section(al, st)
     if study.kind.window > 1 and study.kind.test:
         lines += _first_last_section(al, study.kind, data)

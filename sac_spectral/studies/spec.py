@@ -24,7 +24,7 @@ from sac_spectral.core.config import (
     section,
     to_dict,
 )
-from sac_spectral.runs.kinds import get_kind, kind_names
+from sac_spectral.runs.kinds import get_kind, kind_names, unknown_kind
 
 SWEEP_FILE, BASE_FILE, STATUS, LOGS, LOCK = "sweep.yaml", "base.yaml", "status.json", "logs", ".sweep.lock"
 RESERVED = ("seed", "num_seeds", "run_dir", "threads", "progress")
@@ -56,7 +56,7 @@ class SweepConfig:
     task_keys: list[str] | None = option(None, "run keys that name a task in reports (default: the kind's: env | dataset.name, stream.kind)")
 
     def validate(self) -> None:
-        check(self.kind in kind_names(), "kind", f"'{self.kind}' is not one of {', '.join(kind_names())}")
+        check(self.kind in kind_names(), "kind", unknown_kind(self.kind))
         check(self.name is None or bool(NAME.match(self.name)), "name", f"'{self.name}' must be a plain folder name")
         check(isinstance(self.base, (str, dict)), "base", f"expected a file name or a mapping of run keys, got {self.base!r}")
         check(bool(self.methods), "methods", "give at least one named override set, e.g. {spectral: {}}")
