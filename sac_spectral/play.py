@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.stochastic:
             raise ConfigError("--last-eval replays the deterministic evaluation; leave out --stochastic")
         episodes = policy.recorded.episodes
-        reset_seed = functools.partial(eval_seed, policy.seed, policy.recorded.evaluation)
+        reset_seed = functools.partial(eval_seed, policy.seed, policy.recorded.step)
     else:  # drawn per episode: a huge --episodes starts at once
         episodes, reset_seed = args.episodes, functools.partial(play_seed, seed)
         policy.reseed(derive_seed(seed, "play"))

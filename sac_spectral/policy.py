@@ -58,13 +58,12 @@ def checkpoint_path(run_dir_or_checkpoint: str | Path) -> Path:
 class Recorded:
     """The run's last evaluation, when the checkpoint holds the weights it scored."""
 
-    evaluation: int  # its number (the ``evaluation`` argument of eval_seed)
-    step: int
+    step: int  # its env step (the ``step`` argument of eval_seed)
     episodes: int
     mean_return: float  # over its episodes, of this policy's seed
 
     def reset_seeds(self, seed: int) -> list[int]:
-        return [eval_seed(seed, self.evaluation, ep) for ep in range(self.episodes)]
+        return [eval_seed(seed, self.step, ep) for ep in range(self.episodes)]
 
 
 class Policy:
@@ -198,7 +197,7 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
     del state, modules
     policy = Policy(cfg, actor_state, seed_index, device, step, None, path)  # checks the actor against the config
     if evals and int(evals[-1]["step"]) == step:
-        policy.recorded = Recorded(len(evals) - 1, step, cfg.eval_episodes, float(evals[-1]["returns"][seed_index]))
+        policy.recorded = Recorded(step, cfg.eval_episodes, float(evals[-1]["returns"][seed_index]))
     return policy
 
 

@@ -48,16 +48,24 @@ PRIMING_CHECKPOINT = 10_000
 
 
 class Rates:
-    """Steps and updates per second over an interval, restarted on each reading."""
+    """Steps and updates per second of training time over an interval, restarted on each reading:
+    the time :meth:`exclude` is told of (evaluations, videos, diagnostics) does not count."""
 
     def __init__(self, step: int, updates: int) -> None:
         self.restart(step, updates)
 
     def restart(self, step: int, updates: int) -> None:
-        self.time, self.step, self.updates = time.perf_counter(), step, updates
+        self.time, self.step, self.updates, self.excluded = time.perf_counter(), step, updates, 0.0
+
+    def exclude(self, seconds: float) -> None:
+        self.excluded += seconds
+
+    def elapsed(self) -> float:
+        """Training seconds since the last reading."""
+        return time.perf_counter() - self.time - self.excluded
 
     def read(self, step: int, updates: int) -> dict[str, float]:
-        dt = max(time.perf_counter() - self.time, 1e-9)
+        dt = max(self.elapsed(), 1e-9)
         rates = {"perf/env_steps_per_s": (step - self.step) / dt, "perf/updates_per_s": (updates - self.updates) / dt}
         self.restart(step, updates)
         return rates
@@ -82,14 +90,15 @@ def random_policy(seeds: Sequence[int], act_dim: int) -> Callable[[np.ndarray], 
 
 
 def log_diagnostics(logger: RunLogger, agent: Agent, buffer: ReplayBuffer, cfg: TrainConfig, seeds: Sequence[int],
-                    step: int, prefix: str = "") -> dict[str, list[float]]:
+                    step: int, prefix: str = "", logged: bool = False) -> dict[str, list[float]]:
     """Log gradient rank, spectra, features and dormant units on a probe batch of its own (under
-    ``prefix`` + the usual tags); returns the per-seed scalars."""
+    ``prefix`` + the usual tags; σ_max not where the training metrics were ``logged`` at this
+    step); returns the per-seed scalars."""
     batch, noise = probe_batch(agent, buffer, cfg.diagnostics.batch_size, seeds, agent.num_updates)
     out: dict[str, list[float]] = {}
     for net, report in agent_diagnostics(agent, batch, noise, cfg.diagnostics).items():
         for tag, value in report.scalars.items():
-            if step % cfg.log_every == 0 and tag.startswith("spectral/") and tag.endswith("/sigma_max"):
+            if logged and tag.startswith("spectral/") and tag.endswith("/sigma_max"):
                 continue  # logged with the training metrics at this step (one point per step)
             per_seed = agent.per_seed(net, value)
             logger.per_seed(prefix + tag, per_seed, step)
@@ -147,6 +156,7 @@ class Trainer(RLRun):
             self.random_return = self._evaluate(random_policy(self.seeds, self.pool.act_dim), "random_policy").tolist()
             self.logger.per_seed("eval/random_policy_return", self.random_return, 0)
         self.rates = {"bar": Rates(self.step, self.agent.num_updates), "log": Rates(self.step, self.agent.num_updates)}
+        self.logged_step, self.logged_updates = -1, self.agent.num_updates
         self.bar = run.begin(self.schedule(), self.cfg.total_steps, self.step, "step")
         self.postfix = {"eval": f"{float(np.mean(self.evals[-1]['returns'])):.1f}"} if self.evals else {}
         if self._reset_due():  # a run that ended at a reset step and is now extended
@@ -170,10 +180,10 @@ class Trainer(RLRun):
         cfg = self.cfg
         return Schedule(
             jobs=[
-                ("log", every(cfg.log_every), self._log),
-                ("diagnose", self._diagnosis_due, self._diagnose_now),
-                ("evaluate", every(cfg.eval_every, end=cfg.total_steps), self._eval_and_log),
-                ("video", every(cfg.video_every, end=cfg.total_steps if cfg.video_every else None), self._video),
+                ("log", self._log_due, self._log),
+                ("diagnose", self._diagnosis_due, self._untimed(self._diagnose_now)),
+                ("evaluate", every(cfg.eval_every, end=cfg.total_steps), self._untimed(self._eval_and_log)),
+                ("video", every(cfg.video_every, end=cfg.total_steps if cfg.video_every else None), self._untimed(self._video)),
                 ("reset", lambda step: step < cfg.total_steps and self._reset_due(), self._reset),
                 ("threads", lambda step: self.thread_watch is not None and self.thread_watch.due(), self._rethread),
                 ("progress", lambda step: True, self._progress),
@@ -186,7 +196,7 @@ class Trainer(RLRun):
         if self._priming_due():
             Priming(self, run).run()
         n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
-        if n > 0 and self.step % self.cfg.log_every == 0:  # the log at this step reports this step's last update
+        if n > 0 and self._log_due(self.step, n):  # the log at this step reports this step's last update
             self.last_info, self.update_metrics = self.plasticity.train_steps(self.buffer, n, self.cfg.batch_size)
         elif n > 0:
             self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
@@ -206,14 +216,14 @@ class Trainer(RLRun):
         self.last_reset = self.step
 
     # ----------------------------------------------------------------------------- evaluation
-    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], evaluation: int | str) -> np.ndarray:
-        return evaluate(policy, self.eval_envs, self.seeds, evaluation, self.cfg.eval_episodes)
+    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], step: int | str) -> np.ndarray:
+        return evaluate(policy, self.eval_envs, self.seeds, step, self.cfg.eval_episodes)
 
     def _policy(self, obs: np.ndarray) -> np.ndarray:
         return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
 
     def _eval_and_log(self) -> None:
-        returns = self._evaluate(self._policy, len(self.evals))
+        returns = self._evaluate(self._policy, self.step)
         self.evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist()})
         rows = [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
                  "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time} for s, r in zip(self.seeds, returns)]
@@ -228,13 +238,22 @@ class Trainer(RLRun):
         path = self.run_dir / "videos" / f"step_{self.step:08d}{video_suffix()}"
         path.parent.mkdir(exist_ok=True)
         frames = record_episode(lambda obs: self._policy(np.repeat(obs[None], members, axis=0))[0], env,
-                                eval_seed(self.seeds[0], len(self.evals) - 1, 0), path)
+                                eval_seed(self.seeds[0], self.step, 0), path)
         self.logger.video("eval/video", frames[:, ::2, ::2], self.step, frame_schedule(env)[1])
 
     # ----------------------------------------------------------------------------- logging
+    def _untimed(self, action: Callable[[], None]) -> Callable[[], None]:
+        """``action``, its time left out of the training rates (``perf/*`` and the bar's)."""
+        def timed() -> None:
+            start = time.perf_counter()
+            action()
+            for rates in self.rates.values():
+                rates.exclude(time.perf_counter() - start)
+        return timed
+
     def _progress(self) -> None:
-        """The bar's rates, refreshed about once a second."""
-        if time.perf_counter() - self.rates["bar"].time >= 1.0:
+        """The bar's rates, refreshed about once a second of training time."""
+        if self.rates["bar"].elapsed() >= 1.0:
             rates = self.rates["bar"].read(self.step, self.agent.num_updates)
             self.postfix.update(sps=f"{rates['perf/env_steps_per_s']:.0f}", ups=f"{rates['perf/updates_per_s']:.0f}")
         self.postfix.pop("priming", None)
@@ -246,12 +265,19 @@ class Trainer(RLRun):
         if count is not None and count != torch.get_num_threads():
             torch.set_num_threads(count)
 
+    def _log_due(self, step: int, pending: int = 0) -> bool:
+        """At the multiples of ``log_every``, and at the run's last step if updates (``pending``
+        ones included) ran since the last log."""
+        return step % self.cfg.log_every == 0 or (
+            step == self.cfg.total_steps and self.agent.num_updates + pending > self.logged_updates)
+
     def _log(self) -> None:
         for tag, value in self.rates["log"].read(self.step, self.agent.num_updates).items():
             self.logger.scalar(tag, value, self.step)
         self.logger.scalar("perf/threads", torch.get_num_threads(), self.step)
         log_training(self.logger, self.agent, {**self.last_info, **self.update_metrics, **self.plasticity.weights()}, self.step)
         self.update_metrics = {}
+        self.logged_step, self.logged_updates = self.step, self.agent.num_updates
 
     def _diagnosis_due(self, step: int) -> bool:
         every, updates = self.cfg.diagnostics.every, self.agent.num_updates
@@ -263,7 +289,8 @@ class Trainer(RLRun):
 
     def diagnose(self, prefix: str = "") -> dict[str, list[float]]:
         """:func:`log_diagnostics` of the agent now."""
-        return log_diagnostics(self.logger, self.agent, self.buffer, self.cfg, self.seeds, self.step, prefix)
+        return log_diagnostics(self.logger, self.agent, self.buffer, self.cfg, self.seeds, self.step, prefix,
+                               logged=self.logged_step == self.step)
 
     # ----------------------------------------------------------------------------- the end
     def summary(self) -> dict[str, Any]:

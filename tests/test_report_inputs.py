@@ -194,6 +194,22 @@ def test_an_unknown_diagnostic_is_one_readable_line_with_the_closest_logged_tags
     assert one_error_line(capsys).endswith("no run logged features/critic/stabel_rank; the runs logged churn/critic")
 
 
+def test_a_diagnostic_one_seed_lacks_is_named_as_missing(tmp_path, capsys):
+    """Two seeds, one of which logged the tag: the report names the other under what is missing and
+    takes the cell from the seed that has it."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    root = runs(tmp_path)
+    writer = SummaryWriter(str(root / "s0"))
+    writer.add_scalar("churn/critic", 0.25, 3000)
+    writer.close()
+    assert report_of(root, tmp_path, "--diagnostics", "churn/critic") == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    cut = md.split("## What was cut or missing", 1)[1].split("##", 1)[0]
+    assert f"- `churn/critic`: {root.name} lacks it for seed 1 ({root / 's1'}); its cell uses the other seeds" in cut, cut
+    assert "0.25 (1 seed, no CI)" in md.split("## Diagnostics", 1)[1].split("##", 1)[0]
+
+
 # ----------------------------------------------------------------------------- figures
 def overlaps(texts, renderer) -> list[tuple[str, str]]:
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts if t.get_visible() and t.get_text()]

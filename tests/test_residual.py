@@ -104,6 +104,15 @@ def test_spectral_sees_every_linear_layer_and_redo_recycles_block_units(arch):
     assert (net.blocks[0]["linear_out"].weight == 0).any() and not torch.equal(out, net.blocks[0]["linear_out"].weight)
 
 
+def test_nap_takes_bronet_and_refuses_simba_whose_blocks_have_no_norm_before_the_relu():
+    from sac_spectral.core.config import ConfigError
+    from sac_spectral.regularizers import build_regularizers
+
+    assert build_regularizers(_net("bronet"), [{"name": "nap"}])[0].name == "nap"
+    with pytest.raises(ConfigError, match=r"missing after layer blocks\.0\.linear_in, blocks\.1\.linear_in\): SimBa's"):
+        build_regularizers(_net("simba"), [{"name": "nap"}], "critic.regularizers")
+
+
 @pytest.mark.parametrize("agent", [SAC, TD3])
 def test_agents_train_on_residual_networks_and_simba_tracks_its_inputs(agent):
     cfg = TrainConfig()

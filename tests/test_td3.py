@@ -144,7 +144,7 @@ def test_a_td3_run_plays_back_its_last_evaluation_and_its_policy_is_deterministi
                           "random_steps=100", "eval_every=150", "eval_episodes=2", "threads=1", f"run_dir={rd}"]) == 0
     policy = load_policy(rd)
     rows = [r for r in csv.DictReader((rd / "evals.csv").open()) if int(r["step"]) == 300]
-    assert policy.recorded is not None and policy.recorded.reset_seeds(policy.seed) == [eval_seed(0, 1, ep) for ep in range(2)]
+    assert policy.recorded is not None and policy.recorded.reset_seeds(policy.seed) == [eval_seed(0, 300, ep) for ep in range(2)]
     returns = play_episodes(policy, policy.recorded.reset_seeds(policy.seed))
     assert float(np.mean(returns)) == float(rows[0]["return"])
     obs = np.zeros(policy.obs_dim)

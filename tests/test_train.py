@@ -18,6 +18,9 @@ from sac_spectral.train import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = SMALL + ["random_steps=200", "eval_every=600", "log_every=100", "buffer_size=5000"]
+#: a run of a few seconds on DMC: updates from step 60, an evaluation every 50 steps
+TINY = ["env=dmc:cartpole-balance", "random_steps=60", "eval_every=50", "eval_episodes=1", "batch_size=16",
+        "actor.hidden=[16,16]", "critic.hidden=[16,16]", "threads=1", "progress=false"]
 
 
 def run(args, capsys=None):
@@ -52,6 +55,10 @@ def test_short_run_writes_the_run_directory(tmp_path, capsys):
         (["critic.regularizers=[{name: spectral, coef: -1}]"], "coef must be >= 0"),
         (["env=dmc:cheetah-runn"], "close matches: dmc:cheetah-run"),
         (["diagnostics.method=fast"], "diagnostics.method: 'fast' is not one of auto, func, factored"),
+        (["critic.regularizers=[{name: plasticity_injection, at_step: 30}, {name: plasticity_injection, at_step: 60}]"],
+         "critic.regularizers: 'plasticity_injection' is listed 2 times ([0], [1]); a network takes one"),
+        (["actor.arch=simba", "actor.hidden=[32,32]", "actor.regularizers=[{name: nap}]"],
+         "nap needs a normalization layer before every nonlinearity (missing after layer blocks.0.linear_in): SimBa's"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, fragment):
@@ -120,11 +127,11 @@ EVERY_METHOD = (
         ["critic.arch=bronet", "actor.arch=simba", "resets.every=500", "resets.what=last_layers", "resets.last_layers=2",
          "diagnostics.every=100", "diagnostics.batch_size=64",
          "critic.regularizers=[{name: redo, tau: 0.5, every: 90}, {name: spectral, coef: 1e-3}]"],
-        ["critic.arch=bronet", "actor.arch=simba", "critic.regularizers=[{name: cbp, replacement_rate: 0.01}]",
+        ["critic.arch=simba", "actor.arch=bronet", "critic.regularizers=[{name: cbp, replacement_rate: 0.01}]",
          "actor.regularizers=[{name: nap}]"],
     ],
     ids=["rr2-resets-spectral", "two-seeds-rr0.5-diagnostics", "two-seeds-every-method", "td3-two-seeds-resets-redo",
-         "bronet-critic-simba-actor", "bronet-cbp-simba-nap"],
+         "bronet-critic-simba-actor", "simba-cbp-bronet-nap"],
 )
 def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, extra):
     """Stop mid-episode at step 700, resume to 1300 (crossing a 1000-step episode end)."""
@@ -220,8 +227,69 @@ def test_resets_at_listed_steps_equal_a_periodic_reset_at_the_same_step(tmp_path
 def test_every_evaluation_plays_fresh_episodes():
     from sac_spectral.envs.evaluate import eval_seed
 
-    seeds = {eval_seed(0, evaluation, ep) for evaluation in range(5) for ep in range(10)}
-    assert len(seeds) == 50 and eval_seed(0, 3, 1) == eval_seed(0, 3, 1)
+    seeds = {eval_seed(0, step, ep) for step in range(0, 5000, 1000) for ep in range(10)}
+    assert len(seeds) == 50 and eval_seed(0, 3000, 1) == eval_seed(0, 3000, 1)
+
+
+def _evals(rd: Path) -> dict[int, float]:
+    import csv
+
+    return {int(r["step"]): float(r["return"]) for r in csv.DictReader((rd / "evals.csv").open())}
+
+
+def test_an_extended_run_evaluates_as_the_straight_run(tmp_path):
+    """A finished 120-step run extended to 260 evaluates once more, at its old end; every other
+    evaluation plays the straight run's episodes (reset seeds follow the step, not the count of
+    evaluations before) and scores the same agent, so the returns are equal."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run(TINY + ["total_steps=260", f"run_dir={straight}"]) == 0
+    assert run(TINY + ["total_steps=120", f"run_dir={split}"]) == 0
+    assert run(["--resume", split, "total_steps=260"]) == 0
+    a, b = _evals(straight), _evals(split)
+    assert set(b) - set(a) == {120} and a == {step: r for step, r in b.items() if step != 120}
+
+
+def _scalars(rd: Path, tag: str) -> list:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    return EventAccumulator(str(rd), size_guidance={"scalars": 0}).Reload().Scalars(tag)
+
+
+def test_a_run_logs_its_training_metrics_once_more_at_its_end(tmp_path):
+    """With ``log_every`` 150 a 200-step run logs at 150 and at its end; a run that ends on a log
+    step logs there once."""
+    rd, whole = tmp_path / "run", tmp_path / "whole"
+    assert run(TINY + ["total_steps=200", "log_every=150", f"run_dir={rd}"]) == 0
+    assert [e.step for e in _scalars(rd, "loss/critic")] == [150, 200]
+    assert [e.step for e in _scalars(rd, "perf/updates_per_s")] == [150, 200]
+    assert run(TINY + ["total_steps=150", "log_every=75", f"run_dir={whole}"]) == 0
+    assert [e.step for e in _scalars(whole, "loss/critic")] == [75, 150]
+
+
+def test_training_rates_leave_out_evaluation_time(tmp_path, monkeypatch):
+    """On a clock that moves a millisecond per reading and an hour per evaluation, the logged
+    updates/s are those of the milliseconds: evaluations do not count as training time."""
+    import types
+
+    from sac_spectral import train
+
+    clock = [0.0]
+
+    def perf_counter() -> float:
+        clock[0] += 1e-3
+        return clock[0]
+
+    def slow_evaluate(*args):
+        clock[0] += 3600.0
+        return evaluate(*args)
+
+    evaluate = train.evaluate
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(train, "evaluate", slow_evaluate)
+    rd = tmp_path / "run"
+    assert run(TINY + ["total_steps=200", "log_every=100", f"run_dir={rd}"]) == 0
+    rates = [e.value for e in _scalars(rd, "perf/updates_per_s")]
+    assert len(rates) == 2 and min(rates) > 100, rates  # 40 and 100 updates in ~0.1 s each
 
 
 def test_multi_seed_run_directory_names_its_seeds(tmp_path, monkeypatch):

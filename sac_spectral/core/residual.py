@@ -142,6 +142,11 @@ class ResidualNet(BatchedNetwork):
         stream's units feed every later block and are left out)."""
         return [(b["linear_in"], [b["linear_out"]], [b["norm_in"]] if self.arch == "bronet" else []) for b in self.blocks]
 
+    def unnormalized_layers(self) -> list[str]:
+        """Layers whose output reaches a nonlinearity with no normalization between: SimBa's block
+        inputs (``LN → Linear → ReLU``); none in BroNet (``Linear → LN → ReLU``)."""
+        return [f"blocks.{i}.linear_in" for i in range(len(self.blocks))] if self.arch == "simba" else []
+
     def inner_activations(self, x: Tensor) -> list[Tensor]:
         """The inner units' activations ``[M, B, inner]`` of each block on inputs ``x``."""
         if x.dim() == 2:

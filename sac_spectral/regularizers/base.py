@@ -45,6 +45,8 @@ class Regularizer:
     has_penalty: ClassVar[bool] = True
     #: copies of the network's parameters it keeps (θ₀: 1), for memory estimates
     parameter_copies: ClassVar[int] = 0
+    #: at most one per network (a second one would undo the first, e.g. by replacing its hooks)
+    one_per_network: ClassVar[bool] = False
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module

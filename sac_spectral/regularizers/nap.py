@@ -8,7 +8,8 @@ normalization computes the same function for ``W`` and ``c·W`` (``c > 0``), so 
 shrinks the effective learning rate (≈ lr/‖W‖²); the projection keeps it constant.
 
 The normalization is part of the network, so this method checks for it and refuses a network
-without one (``layer_norm: true`` for the RL networks, ``model.norm=layer`` for continual models).
+without one (``layer_norm: true`` for the RL networks, ``model.norm=layer`` for continual models;
+BroNet has one, SimBa does not: its blocks go ``LN → Linear → ReLU``).
 After every step, for each member separately:
 
     W_l ← W_l · ‖W_l⁰‖_F / ‖W_l‖_F                     every hidden linear/conv weight (``layers=all``:
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 
 from sac_spectral.core.layers import LayerView, checked_views
 from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.core.residual import ResidualNet
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
@@ -43,14 +45,17 @@ NORM_PARAMS = ("joint", "free")
 _EPS = 1e-12
 HINT = ("set layer_norm: true (RL: actor.layer_norm=true, critic.layer_norm=true) "
         "or model.norm=layer (continual)")
+SIMBA_HINT = "SimBa's blocks have none between their first Linear and the ReLU; use arch=bronet or arch=mlp with layer_norm=true"
 
 
 def unnormalized_layers(module: nn.Module) -> list[str]:
     """Hidden layers of ``module`` with no normalization layer between them and the next layer
-    (``["all"]`` when it has none at all; a module of unknown layer order, neither a BatchedMLP nor
-    an ``nn.Sequential``, only needs one)."""
+    (``["all"]`` when it has none at all; a module of unknown layer order, neither a BatchedMLP, a
+    residual network nor an ``nn.Sequential``, only needs one)."""
     if isinstance(module, BatchedMLP):
         return [] if module.norms is not None else ["all"]
+    if isinstance(module, ResidualNet):
+        return module.unnormalized_layers()
     leaves = [(name, m) for name, m in module.named_modules() if next(m.children(), None) is None]
     if not any(isinstance(m, _NORMS) for _, m in leaves):
         return ["all"]
@@ -80,7 +85,8 @@ class NaP(Regularizer):
         require(norm_params in NORM_PARAMS, f"norm_params must be one of {', '.join(NORM_PARAMS)}, got '{norm_params}'")
         missing = unnormalized_layers(module)
         where = "the network has none" if missing == ["all"] else f"missing after layer {', '.join(missing)}"
-        require(not missing, f"nap needs a normalization layer before every nonlinearity ({where}): {HINT}")
+        hint = SIMBA_HINT if isinstance(module, ResidualNet) else HINT
+        require(not missing, f"nap needs a normalization layer before every nonlinearity ({where}): {hint}")
         self.weights: list[LayerView] = [v for v in views if v.kind != "norm" and v.weight_param is not None]
         self.norms: list[LayerView] = [v for v in views if v.kind == "norm"] if norm_params == "joint" else []
         with torch.no_grad():

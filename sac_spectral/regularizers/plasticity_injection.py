@@ -19,8 +19,8 @@ exist from construction and add nothing before injection. A network that follows
 Polyak averaging (the RL agent's target networks, :meth:`set_target`) is injected alike: its head
 becomes θ′ too and its own frozen θ (its parameters at injection) is added with θ′₀ subtracted,
 so the target's function is unchanged as well and then follows the online head. One injection per
-network: a new ``plasticity_injection`` on the same network (e.g. built by a full reset)
-replaces the hooks of the previous one.
+network: a list with two is refused; a new ``plasticity_injection`` on the same network (e.g.
+built by a full reset) replaces the hooks of the previous one.
 
 ``levels``: the head's depth. ``levels=1`` is the output layers alone (every head, on any
 network, residual ones included); a linear head makes
@@ -204,6 +204,7 @@ class PlasticityInjection(Regularizer):
     name = "plasticity_injection"
     has_penalty = False
     parameter_copies = 3  # at most: the frozen θ and θ′₀ of the head, the target's frozen θ
+    one_per_network = True  # a second one's hooks would replace the first's
 
     def __init__(self, module: nn.Module, at_step: int = 50_000, levels: int = 2, seed: int = 0) -> None:
         super().__init__(module)

@@ -57,17 +57,28 @@ def parameter_copies(specs: Sequence[Mapping[str, Any]]) -> int:
     return sum(REGISTRY[s["name"]].parameter_copies for s in specs if s.get("name") in REGISTRY)
 
 
+def _lookup_all(specs: Sequence[Mapping[str, Any]], key: str) -> list[tuple[type[Regularizer], dict[str, Any]]]:
+    """Each entry's class and options; a ``one_per_network`` method listed twice is a ConfigError."""
+    found = [_lookup(spec, f"{key}[{i}]") for i, spec in enumerate(specs)]
+    names = [cls.name for cls, _ in found]
+    for cls, _ in found:
+        if cls.one_per_network and names.count(cls.name) > 1:
+            where = ", ".join(f"[{i}]" for i, n in enumerate(names) if n == cls.name)
+            raise ConfigError(f"{key}: '{cls.name}' is listed {names.count(cls.name)} times ({where}); a network "
+                              "takes one (a second would undo the first)")
+    return found
+
+
 def validate_specs(specs: Sequence[Mapping[str, Any]], key: str) -> None:
-    """Check names and option names of config entries without building anything."""
-    for i, spec in enumerate(specs):
-        _lookup(spec, f"{key}[{i}]")
+    """Check names and option names of config entries, and that a one-per-network method is listed
+    once, without building anything."""
+    _lookup_all(specs, key)
 
 
 def build_regularizers(module: nn.Module, specs: Sequence[Mapping[str, Any]], key: str = "regularizers") -> list[Regularizer]:
     """Build one regularizer per config entry on ``module``; bad values raise ConfigError."""
     out = []
-    for i, spec in enumerate(specs):
-        cls, kwargs = _lookup(spec, f"{key}[{i}]")
+    for i, (cls, kwargs) in enumerate(_lookup_all(specs, key)):
         try:
             out.append(cls(module, **kwargs))
         except (ValueError, TypeError) as err:

@@ -221,21 +221,31 @@ def _first_last_section(al: Aligned, kind: RunKind, data: dict[str, Any]) -> lis
     return lines
 
 
-def diagnostic_values(study: Study, tags: Sequence[str]) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """``{tag: {method: {task: [final value per seed]}}}`` from the runs' TensorBoard events; a tag
-    no run logged is a one-line error naming some that were."""
+def diagnostic_values(study: Study, tags: Sequence[str]
+                      ) -> tuple[dict[str, dict[str, dict[str, list[float]]]], list[str]]:
+    """``{tag: {method: {task: [final value per seed]}}}`` from the runs' TensorBoard events, and
+    one note per tag and method naming the seeds that never logged it; a tag no run logged is a
+    one-line error naming some that were."""
     from sac_spectral.studies.events import final_values, logged_tags
 
     out: dict[str, dict[str, dict[str, list[float]]]] = {t: {} for t in tags}
+    lacking: dict[tuple[str, str], list[str]] = {}
     for curve in study.curves:
         index = curve.seed - int(read_mapping(curve.run / CONFIG_FILE).get("seed", curve.seed))
-        for tag, value in final_values(curve.run, tags, index).items():
-            out[tag].setdefault(curve.method, {}).setdefault(curve.task, []).append(value)
+        values = final_values(curve.run, tags, index)
+        for tag in tags:
+            if tag in values:
+                out[tag].setdefault(curve.method, {}).setdefault(curve.task, []).append(values[tag])
+            else:
+                lacking.setdefault((tag, curve.method), []).append(f"seed {curve.seed} ({curve.run})")
     missing = [t for t, by in out.items() if not by]
     if missing:
         known = sorted({t for run in dict.fromkeys(c.run for c in study.curves) for t in logged_tags(run)})
         raise ConfigError(f"--diagnostics: no run logged {', '.join(missing)}; {_closest(missing, known)}")
-    return out
+    notes = [f"`{tag}`: {method} lacks it for {', '.join(seeds)}; its cell "
+             f"{'uses the other seeds' if out[tag].get(method) else 'is empty'}"
+             for (tag, method), seeds in lacking.items()]
+    return out, notes
 
 
 #: logged tags an unknown ``--diagnostics`` tag's error lists in full; beyond, only the closest
@@ -253,11 +263,14 @@ def _closest(missing: Sequence[str], known: Sequence[str]) -> str:
     return f"none of the {len(known)} logged tags is close; they start with {', '.join(groups)}"
 
 
-def _diagnostics_section(study: Study, tags: Sequence[str], reps: int, seed: int, data: dict[str, Any]) -> list[str]:
-    """Final diagnostics per method: IQM over tasks × seeds with 95 % stratified-bootstrap CIs."""
+def _diagnostics_section(study: Study, tags: Sequence[str], reps: int, seed: int, data: dict[str, Any],
+                         notes: list[str]) -> list[str]:
+    """Final diagnostics per method: IQM over tasks × seeds with 95 % stratified-bootstrap CIs; the
+    seeds that lack a diagnostic are added to ``notes``."""
     from rliable import metrics
 
-    values = diagnostic_values(study, tags)
+    values, lacking = diagnostic_values(study, tags)
+    notes += lacking
     methods = list(dict.fromkeys(c.method for c in study.curves))
     lines = ["", "## Diagnostics at the end of training (IQM over tasks × seeds, 95 % CI)", "",
              "| method | " + " | ".join(f"`{t}`" for t in tags) + " |", "|---" * (len(tags) + 1) + "|"]
@@ -327,6 +340,7 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
     data: dict[str, Any] = {"kind": study.kind.name, "score": _score_name(study), "tasks": al.tasks,
                             "final_x": float(al.x[-1]), "reps": reps, "baseline": baseline, "methods": {},
                             "warnings": cautions}
+    notes = al.notes + study.missing
     lines = _header(study, al, reps, sources, cautions)
     lines += _aggregate_section(al, st, metrics, data)
     lines += _improvement_section(al, st, baseline, data)
@@ -335,13 +349,13 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
         lines += _first_last_section(al, study.kind, data)
     lines += _priming_section(study, data)
     if diagnostics:
-        lines += _diagnostics_section(study, diagnostics, reps, seed, data)
+        lines += _diagnostics_section(study, diagnostics, reps, seed, data, notes)
     lines += ["", "## What was cut or missing", ""]
-    lines += [f"- {note}" for note in al.notes + study.missing] or ["- nothing"]
+    lines += [f"- {note}" for note in notes] or ["- nothing"]
     lines += ["", "## Figures", ""]
     lines += [f"- `{name}`: {CAPTIONS[name].format(baseline=baseline)}\n\n  ![{name}]({name})" for name in pngs]
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    data["notes"] = al.notes + study.missing
+    data["notes"] = notes
     (out / "report.json").write_text(json.dumps(data, indent=2) + "\n")
     return data
 
