@@ -33,7 +33,7 @@ import torch
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.agents.probes import (
     DiagnosticsConfig,
-    critic_td_loss,
+    network_loss,
     probe_batch,
     agent_diagnostics,
 )
@@ -80,7 +80,7 @@ def main() -> None:
     batch, noise = probe_batch(agent, buf, args.examples, [0], tick=0)
 
     def critic_erank(method: str) -> torch.Tensor:
-        loss, probe = critic_td_loss(agent, batch, noise[0])
+        loss, probe = network_loss(agent, "critic", batch, noise)
         gram = gradient_grams(agent.critic, loss, probe, example_dim=1, method=method)["all"]
         return effective_rank(singular_values_from_gram(gram))
 

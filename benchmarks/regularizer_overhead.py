@@ -98,11 +98,12 @@ def probe_agent(hidden: int, label: str) -> SAC:
     """A plain agent with a probe regularizer on actor and critic (see the module docstring)."""
     if label == "autograd floor":
         agent, _ = build(config(hidden, None, {}))
-        agent.actor_regs, agent.critic_regs = [_AutogradFloor(agent.actor)], [_AutogradFloor(agent.critic)]
+        for t in agent.trained.values():
+            t.regularizers = [_AutogradFloor(t.module)]
     else:
         agent, _ = build(config(hidden, METHODS["spectral (max)"][0], {}))
-        agent.actor_regs = [_ForwardOnly(r) for r in agent.actor_regs]
-        agent.critic_regs = [_ForwardOnly(r) for r in agent.critic_regs]
+        for t in agent.trained.values():
+            t.regularizers = [_ForwardOnly(r) for r in t.regularizers]
     return agent
 
 
@@ -121,7 +122,7 @@ def config(hidden: int, entry: dict | None, opt: dict, compile_: bool = False) -
 
 def firing_time(agent: SAC, repeats: int) -> float:
     """Median seconds of one forced firing of every intervention of actor and critic."""
-    regs = agent.actor_regs + agent.critic_regs
+    regs = [r for t in agent.trained.values() for r in t.regularizers]
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

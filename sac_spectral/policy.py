@@ -1,7 +1,8 @@
 """A trained policy, loaded from a run of ``sac_spectral.train``: ``load_policy(RUN_DIR)``.
 
-It reads the actor's weights and the config from the checkpoint (``weights_only=True``, the file
-memory-mapped, so the replay buffer is never read into memory) and acts as the trainer's
+It reads the actor's weights, its regularizers' state and the config from the checkpoint
+(``weights_only=True``, the file memory-mapped, so the replay buffer is never read into memory)
+and acts as the trainer's
 evaluation does (the agent's exported policy: SAC's ``tanh(mean)``, TD3's ``μ(s)``), or explores as
 its agent does (a tanh-Gaussian sample; TD3's Gaussian noise). Its
 :meth:`Policy.make_env` builds the env as the trainer's evaluation does, so playing the episodes
@@ -26,7 +27,9 @@ from gymnasium import spaces
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents import agent_class
 from sac_spectral.agents.base import actor_dims
+from sac_spectral.agents.engine import upgrade_state
 from sac_spectral.envs import UnknownEnvError, make_env, run_episode
+from sac_spectral.regularizers import Regularizer, build_regularizers
 from sac_spectral.envs.evaluate import eval_seed
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.device import check_device
@@ -73,7 +76,7 @@ class Policy:
 
     def __init__(self, cfg: TrainConfig, actor_state: dict[str, torch.Tensor], seed_index: int,
                  device: str | torch.device = "cpu", step: int = 0, recorded: Recorded | None = None,
-                 source: Path | None = None) -> None:
+                 source: Path | None = None, actor_regularizers: Sequence[dict[str, Any]] = ()) -> None:
         self.cfg = cfg
         try:
             self.members, self.obs_dim, self.act_dim = actor_dims(actor_state)
@@ -92,8 +95,23 @@ class Policy:
         except RuntimeError as err:
             raise CheckpointError(f"checkpoint {source}: its actor does not match its config ({one_line(err, 160)})") from None
         self.net.requires_grad_(False).eval().to(self.device)
+        self.regularizers = self._carry(cfg, actor_regularizers, source)
         self.generator = torch.Generator(self.device)
         self.reseed(derive_seed(self.seed, "play"))
+
+    def _carry(self, cfg: TrainConfig, states: Sequence[dict[str, Any]], source: Path | None) -> list[Regularizer]:
+        """The actor's regularizers on the exported actor, in their checkpointed state: those that
+        change the actor's function beyond its weights (plasticity injection's frozen branches, by
+        forward hooks) act on the policy as they did in training; the others only hold state."""
+        if not states:
+            return []
+        regs = build_regularizers(self.net.actor, cfg.actor.regularizers, "actor.regularizers")
+        try:
+            for reg, state in zip(regs, states, strict=True):
+                reg.load_state_dict(state)
+        except (KeyError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {source}: its actor's regularizer state does not fit: {one_line(err, 160)}") from None
+        return regs
 
     def __repr__(self) -> str:
         return (f"Policy({self.env_id}, seed {self.seed} (index {self.seed_index} of {self.members}), step {self.step}, "
@@ -178,16 +196,11 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
         actor_state = {k[len(_ACTOR):]: v.clone() for k, v in modules.items() if k.startswith(_ACTOR)}
         step = int(state["step"])
         evals = list(state["evals"])
-        injected = [s for r, s in zip(cfg.actor.regularizers, state["agent"]["actor_regs"])
-                    if r.get("name") == "plasticity_injection" and float(s.get("injected", 0)) > 0]
+        actor_regularizers = upgrade_state(state["agent"])["regularizers"]["actor"]
     except (KeyError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} lacks part of a run's state ({type(err).__name__}: {err})") from None
     except ConfigError as err:
         raise CheckpointError(f"checkpoint {path}: its config is not valid here: {err}") from None
-    if injected:
-        raise CheckpointError(f"checkpoint {path}: its actor was changed by plasticity_injection, whose frozen "
-                              "branches live in the regularizer, not in the actor's weights; load_policy cannot "
-                              "export it (resume the run, or inject into the critic only)")
     valid = f"the run has {cfg.num_seeds} seed{'s' * (cfg.num_seeds > 1)} (indices 0..{cfg.num_seeds - 1})"
     if not isinstance(seed_index, numbers.Integral) or isinstance(seed_index, bool):
         raise ConfigError(f"seed index {seed_index!r} is not an integer: {valid}")
@@ -195,7 +208,8 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
     if not 0 <= seed_index < cfg.num_seeds:
         raise ConfigError(f"seed index {seed_index} is out of range: {valid}")
     del state, modules
-    policy = Policy(cfg, actor_state, seed_index, device, step, None, path)  # checks the actor against the config
+    # checks the actor against the config
+    policy = Policy(cfg, actor_state, seed_index, device, step, None, path, actor_regularizers)
     if evals and int(evals[-1]["step"]) == step:
         policy.recorded = Recorded(step, cfg.eval_episodes, float(evals[-1]["returns"][seed_index]))
     return policy

@@ -11,10 +11,9 @@ from torch import nn
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.agents.probes import (
     DiagnosticsConfig,
-    actor_loss,
-    critic_td_loss,
-    probe_batch,
     agent_diagnostics,
+    network_loss,
+    probe_batch,
 )
 from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
@@ -292,7 +291,7 @@ def _agent_and_buffer(seeds=(0, 1), arch="mlp"):
 def test_sac_closures_factored_equals_torch_func_per_member(which, arch):
     agent, buf = _agent_and_buffer(arch=arch)
     batch, noise = probe_batch(agent, buf, 24, [0, 1], tick=5)
-    loss, probe = critic_td_loss(agent, batch, noise[0]) if which == "critic" else actor_loss(agent, batch, noise[1])
+    loss, probe = network_loss(agent, which, batch, noise)
     net = agent.critic if which == "critic" else agent.actor
     a = gradient_grams(net, loss, probe, example_dim=1, method="func")
     b = gradient_grams(net, loss, probe, example_dim=1, method="factored")
@@ -304,7 +303,7 @@ def test_sac_closures_factored_equals_torch_func_per_member(which, arch):
 def test_sac_critic_per_example_gradient_matches_single_example_autograd():
     agent, buf = _agent_and_buffer(seeds=(0,))
     batch, noise = probe_batch(agent, buf, 6, [0], tick=0)
-    loss, probe = critic_td_loss(agent, batch, noise[0])
+    loss, probe = network_loss(agent, "critic", batch, noise)
     grads = per_example_gradients(agent.critic, loss, probe, example_dim=1)
     for i in range(6):
         one = {k: v[:, i : i + 1] for k, v in probe.items()}

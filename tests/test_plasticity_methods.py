@@ -504,7 +504,7 @@ def test_injection_in_sac_leaves_the_critic_and_its_target_unchanged():
     gen = torch.Generator().manual_seed(1)
     agent.update(_batch(1, gen), torch.randn(2, 1, 8, 2, generator=gen))
     probe = _batch(1, gen)
-    reg = agent.critic_regs[0]
+    reg = agent.trained["critic"].regularizers[0]
     assert reg.target_head is not None
     # the injecting update, split: critic step, then look at the networks around the injection
     with torch.no_grad():
@@ -521,17 +521,23 @@ def test_injection_in_sac_leaves_the_critic_and_its_target_unchanged():
     torch.testing.assert_close(frozen, target_before, rtol=0, atol=1e-4)  # its lower layers moved one Polyak step
 
 
-def test_load_policy_refuses_an_injected_actor_in_one_line(tmp_path):
+def test_load_policy_acts_with_an_injected_actors_frozen_branches(tmp_path):
+    """An actor injected during training: the exported policy carries the injection (its hooks and
+    frozen branches), so playing the last evaluation's episodes gives the returns it recorded."""
+    import numpy as np
     from conftest import SMALL
 
-    from sac_spectral.policy import load_policy
-    from sac_spectral.runs.checkpoint import CheckpointError
+    from sac_spectral.policy import load_policy, play_episodes
     from sac_spectral.runs.cli import run_cli
     from sac_spectral.train import main
 
     rd = tmp_path / "injected"
     assert run_cli(main, [*SMALL, "env=dmc:cartpole-balance", "action_repeat=4", "total_steps=200", "random_steps=100",
-                          "eval_every=200", "threads=1", "actor.regularizers=[{name: plasticity_injection, at_step: 50}]",
-                          f"run_dir={rd}"]) == 0
-    with pytest.raises(CheckpointError, match="plasticity_injection"):
-        load_policy(rd)
+                          "eval_every=200", "eval_episodes=2", "threads=1",
+                          "actor.regularizers=[{name: plasticity_injection, at_step: 50}]", f"run_dir={rd}"]) == 0
+    policy = load_policy(rd)
+    assert policy.regularizers[0].injected and policy.recorded is not None
+    returns = play_episodes(policy, policy.recorded.reset_seeds(policy.seed))
+    assert float(np.mean(returns)) == policy.recorded.mean_return
+    policy.regularizers[0].hooks[0].remove()  # without the frozen branches it acts otherwise
+    assert not np.array_equal(policy.act(np.zeros(policy.obs_dim)), load_policy(rd).act(np.zeros(policy.obs_dim)))

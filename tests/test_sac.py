@@ -117,7 +117,7 @@ def test_reset_all_redraws_everything_and_clears_optimizers():
     for k, v in agent.state_dict().items():
         if "bias" not in k:
             assert not torch.equal(v, before[k]), k
-    assert all(len(o.state) == 0 for o in (agent.actor_opt, agent.critic_opt))
+    assert all(len(o.state) == 0 for o in (agent.trained["actor"].optimizer, agent.trained["critic"].optimizer))
     for t, c in zip(agent.target_critic.parameters(), agent.critic.parameters()):
         assert torch.equal(t, c)
     assert agent.log_alpha.item() == 0.0
@@ -133,8 +133,8 @@ def test_reset_last_layers_keeps_the_rest():
     assert torch.equal(agent.critic.layers[-1].weight, w0)
     assert not torch.equal(agent.critic.heads[0].weight, w_last)
     assert all(not torch.equal(h.weight, w) for h, w in zip(agent.actor.heads, actor_heads))
-    assert agent.critic.heads[0].weight not in agent.critic_opt.state
-    assert agent.critic.layers[-1].weight in agent.critic_opt.state
+    assert agent.critic.heads[0].weight not in agent.trained["critic"].optimizer.state
+    assert agent.critic.layers[-1].weight in agent.trained["critic"].optimizer.state
     assert torch.equal(agent.target_critic.heads[0].weight, agent.critic.heads[0].weight)
 
 
@@ -193,7 +193,7 @@ def test_bf16_keeps_fp32_state_and_tracks_fp32_losses():
     ref, ref_info = _train_copy(small_cfg())
     bf, bf_info = _train_copy(small_cfg(precision="bf16"))
     assert all(p.dtype == torch.float32 for p in bf.parameters())
-    assert all(s["exp_avg"].dtype == torch.float32 for s in bf.critic_opt.state.values())
+    assert all(s["exp_avg"].dtype == torch.float32 for s in bf.trained["critic"].optimizer.state.values())
     for key in ("loss/critic", "loss/actor", "entropy"):
         torch.testing.assert_close(bf_info[key], ref_info[key], rtol=3e-2, atol=3e-2)
     for p, q in zip(bf.parameters(), ref.parameters()):
@@ -230,11 +230,11 @@ def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
     batch, noise = random_batch(b=32, gen=g), torch.randn(1, 32, 2, generator=g)
     with agent.precision.forward():
         loss, _ = agent.critic_step(batch, noise.unsqueeze(0))
-    (loss + agent.critic_regs[0].penalty()).backward()
+    (loss + agent.trained["critic"].regularizers[0].penalty()).backward()
     agent.precision.collect_grads("critic")
     with torch.autocast("cpu", torch.bfloat16):
         ref_losses, _ = ref.critic_losses(batch, noise)
-    (ref_losses.mean(dim=-1).sum() + ref.critic_regs[0].penalty()).backward()
+    (ref_losses.mean(dim=-1).sum() + ref.trained["critic"].regularizers[0].penalty()).backward()
     for p, q in zip(agent.critic.parameters(), ref.critic.parameters()):
         assert p.grad.dtype == torch.float32
         torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-3)
@@ -242,41 +242,6 @@ def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
     expected = torch.tanh(agent.actor(obs.unsqueeze(1))[0]).squeeze(1)
     assert expected.dtype == torch.float32
     torch.testing.assert_close(agent.act(obs, deterministic=True), expected, rtol=0, atol=0)
-
-
-def _regularized_cfg(**kw) -> SACConfig:
-    """A spectral penalty on the actor; on the critic an L2 penalty, AdamW decay and shrink & perturb
-    every 2 updates (an ``after_step`` intervention: the compiled update then runs two programs)."""
-    cfg = small_cfg(**kw)
-    cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2}]
-    cfg.critic.regularizers = [{"name": "l2", "coef": 1e-2}, {"name": "shrink_perturb", "every": 2}]
-    cfg.critic.weight_decay = 1e-3
-    return cfg
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("make_cfg", [small_cfg, _regularized_cfg], ids=["plain", "regularized"])
-def test_compiled_update_matches_eager_and_shares_its_state(make_cfg):
-    """compile=true gives eager's parameters, metrics and Adam state (one program per update, or two
-    around the critic's intervention), and its checkpoint resumes an eager agent and vice versa."""
-    ref, ref_info = _train_copy(make_cfg(), updates=4)
-    comp, comp_info = _train_copy(make_cfg(compile=True), updates=4)
-    for p, q in zip(comp.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    for key in ref_info:
-        torch.testing.assert_close(comp_info[key], ref_info[key], rtol=1e-5, atol=1e-5)
-    for opt, ref_opt in ((comp.actor_opt, ref.actor_opt), (comp.critic_opt, ref.critic_opt)):
-        for p, q in zip((p for g in opt.param_groups for p in g["params"]), (q for g in ref_opt.param_groups for q in g["params"])):
-            for key in ("step", "exp_avg", "exp_avg_sq"):
-                torch.testing.assert_close(opt.state[p][key], ref_opt.state[q][key], rtol=1e-5, atol=1e-7)
-    resumed = make_agent(cfg=make_cfg())
-    resumed.load_full_state_dict(copy.deepcopy(comp.full_state_dict()))  # as a checkpoint file: no shared tensors
-    g = torch.Generator().manual_seed(9)
-    batch, noise = random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g)
-    resumed.update(batch, noise)
-    comp.update(batch, noise)
-    for p, q in zip(comp.parameters(), resumed.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
 class _Cubic(Regularizer):
@@ -300,7 +265,7 @@ def test_compiled_update_forms_every_penalty_inside_its_program(monkeypatch):
         cfg.critic.regularizers = [{"name": "l2_init", "coef": 1e-2}, {"name": "wasserstein_init", "coef": 1e-2},
                                    {"name": "spectral", "coef": 1e-2, "mode": "all"}]
         agent = make_agent(cfg=cfg)
-        agent.critic_regs.append(_Cubic(agent.critic))
+        agent.trained["critic"].regularizers.append(_Cubic(agent.critic))
         return agent
 
     eager, compiled = make(False), make(True)
@@ -308,13 +273,13 @@ def test_compiled_update_forms_every_penalty_inside_its_program(monkeypatch):
     data = [(random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g)) for _ in range(3)]
     for batch, noise in data:
         eager.update(batch, noise)
-    for cls in {type(r) for r in compiled.actor_regs + compiled.critic_regs} - {_Cubic}:
+    for cls in {type(r) for r in compiled.trained["actor"].regularizers + compiled.trained["critic"].regularizers} - {_Cubic}:
         monkeypatch.setattr(cls, "penalty", lambda self: pytest.fail(f"{self.name}.penalty() ran in eager"))
     for batch, noise in data:
         compiled.update(batch, noise)
     for p, q in zip(compiled.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    for r, q in zip(compiled.actor_regs[0]._plan.vectors, eager.actor_regs[0]._plan.vectors):
+    for r, q in zip(compiled.trained["actor"].regularizers[0]._plan.vectors, eager.trained["actor"].regularizers[0]._plan.vectors):
         torch.testing.assert_close(r, q, rtol=1e-5, atol=1e-6)
 
 
@@ -331,51 +296,6 @@ def test_agents_in_one_process_compile_programs_of_their_own():
             for p, q in zip(comp.parameters(), ref.parameters()):
                 torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert counters["stats"]["unique_graphs"] - before == 2
-
-
-class _Recorder(Regularizer):
-    """An intervention that records the update numbers its ``after_step`` sees."""
-
-    name = "recorder_test"
-    has_penalty = False
-
-    def __init__(self, module) -> None:
-        super().__init__(module)
-        self.seen: list[int] = []
-
-    def after_step(self, step: int) -> None:
-        self.seen.append(step)
-
-
-@pytest.mark.slow
-def test_compiled_blocks_equal_eager_and_keep_hooks_at_the_same_update_counts():
-    """compile_block=2: train_steps runs its updates two per program call (a spectral penalty
-    inside), the update before ``before_last`` and the rest one per call; parameters, metrics and
-    the hook's update count equal eager's. With an intervention every update runs in its own call
-    and its ``after_step`` sees eager's update numbers."""
-    buf = _paired_buffers(2)
-
-    def run(intervene: bool, **kw):
-        cfg = small_cfg(**kw)
-        cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2, "k": 1.5}]
-        agent = make_agent(seeds=(0, 1), cfg=cfg)
-        if intervene:
-            agent.critic_regs.append(_Recorder(agent.critic))
-        hooks = []
-        agent.train_steps(buf, 5, 16, before_last=lambda: hooks.append(agent.num_updates))
-        info = agent.train_steps(buf, 2, 16)
-        return agent, info, hooks
-
-    eager, eager_info, eager_hooks = run(False)
-    comp, comp_info, comp_hooks = run(False, compile=True, compile_block=2)
-    assert comp._block_size(2) == 2 and comp_hooks == eager_hooks == [4] and comp.num_updates == eager.num_updates == 7
-    for p, q in zip(comp.parameters(), eager.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    for key in eager_info:
-        torch.testing.assert_close(comp_info[key], eager_info[key], rtol=1e-5, atol=1e-5)
-    eager, *_ = run(True)
-    comp, *_ = run(True, compile=True, compile_block=2)
-    assert comp._block_size(2) == 1 and comp.critic_regs[-1].seen == eager.critic_regs[-1].seen == list(range(1, 8))
 
 
 @pytest.mark.slow
@@ -428,13 +348,13 @@ def test_update_losses_are_the_means_of_the_per_example_losses():
 def test_diagnostics_differentiate_the_losses_the_update_minimizes():
     """The gradient-rank closures' per-example losses average to the update's losses on the same
     batch and noise (one definition of SAC's losses)."""
-    from sac_spectral.agents.probes import actor_loss, critic_td_loss
+    from sac_spectral.agents.probes import network_loss
 
     agent = make_agent(seeds=(0, 1))
     batch = random_batch(n=2, b=8)
     noise = torch.randn(2, 2, 8, 2, generator=torch.Generator().manual_seed(5))
-    critic_fn, critic_probe = critic_td_loss(agent, batch, noise[0])
-    actor_fn, actor_probe = actor_loss(agent, batch, noise[1])
+    critic_fn, critic_probe = network_loss(agent, "critic", batch, noise)
+    actor_fn, actor_probe = network_loss(agent, "actor", batch, noise)
     with torch.no_grad():
         per_example_critic = critic_fn(agent.critic, critic_probe).view(2, agent.num_critics, 8)
         per_example_actor = actor_fn(agent.actor, actor_probe)

@@ -42,8 +42,8 @@ def test_weight_decay_is_decoupled_adamw():
     plain_cfg, wd_cfg = small_cfg(), small_cfg()
     wd_cfg.critic.weight_decay = wd_cfg.actor.weight_decay = 0.1
     plain, decayed = SAC(5, 2, plain_cfg, SeedStreams([0])), SAC(5, 2, wd_cfg, SeedStreams([0]))
-    assert isinstance(decayed.critic_opt, torch.optim.AdamW) and not isinstance(plain.critic_opt, torch.optim.AdamW)
-    assert decayed.actor_opt.param_groups[0]["weight_decay"] == 0.1
+    assert isinstance(decayed.trained["critic"].optimizer, torch.optim.AdamW) and not isinstance(plain.trained["critic"].optimizer, torch.optim.AdamW)
+    assert decayed.trained["actor"].optimizer.param_groups[0]["weight_decay"] == 0.1
     before = [p.detach().clone() for p in plain.critic.parameters()]
     noise = torch.randn(2, 1, 8, 2, generator=torch.Generator().manual_seed(1))
     plain.update(random_batch(), noise)
@@ -153,7 +153,7 @@ def test_the_critics_probe_is_the_current_batch_as_critic_input():
     agent = SAC(5, 2, cfg, SeedStreams([0, 1]))
     batch = random_batch(n=2)
     agent.update(batch, torch.randn(2, 2, 8, 2))
-    probe = agent.critic_regs[0].probe()
+    probe = agent.trained["critic"].regularizers[0].probe()
     assert probe.shape == (4, 8, 7)
     torch.testing.assert_close(probe[3], torch.cat([batch["obs"][1], batch["action"][1]], -1))
 
@@ -177,4 +177,4 @@ def test_full_reset_draws_the_initializer_from_the_continuing_init_stream():
 def test_every_primacy_bias_config_builds_its_agent(path):
     cfg = load_config(TrainConfig, path)
     agent = SAC(17, 6, cfg, SeedStreams([0]))
-    assert [r.name for r in agent.critic_regs] == [r["name"] for r in cfg.critic.regularizers]
+    assert [r.name for r in agent.trained["critic"].regularizers] == [r["name"] for r in cfg.critic.regularizers]

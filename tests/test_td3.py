@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sac_spectral.agents import AGENTS, TD3, ReplayBuffer, build_agent
+from sac_spectral.agents import AGENTS, TD3, build_agent
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 
@@ -149,85 +149,3 @@ def test_a_td3_run_plays_back_its_last_evaluation_and_its_policy_is_deterministi
     assert float(np.mean(returns)) == float(rows[0]["return"])
     obs = np.zeros(policy.obs_dim)
     assert np.array_equal(policy.act(obs), policy.act(obs)) and np.abs(policy.act(obs, deterministic=False)).max() <= 1
-
-
-def _off_minimum(agent: TD3) -> None:
-    """Scale the actor (and its target) by 1.5, so that no σ_max sits at the spectral penalty's minimum."""
-    with torch.no_grad():
-        torch._foreach_mul_(list(agent.actor.parameters()) + list(agent.target_actor.parameters()), 1.5)
-
-
-@pytest.mark.slow
-def test_compiled_td3_equals_eager_through_penalties_interventions_resets_and_resume():
-    """compile=true runs TD3's steps as compiled programs (critic-only updates and delayed actor
-    updates get their own): the same parameters, metrics and Adam state as eager after updates
-    with a spectral penalty, shrink & perturb between the critic's programs and a reset; a compiled
-    checkpoint resumes an eager agent and vice versa. The actor's weights are scaled by 1.5 (after
-    the reset too) so that no σ_max sits at the penalty's minimum (the orthogonal head's σ = 1),
-    where σ̂² − 1 rounds to 0 in one and ±1e-8 in the other and the first Adam step turns that into
-    a step of 0.1·lr."""
-
-    def make(compile_: bool) -> TD3:
-        cfg = _config()
-        cfg.compile = compile_
-        cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2}]
-        cfg.critic.regularizers = [{"name": "l2", "coef": 1e-2}, {"name": "shrink_perturb", "every": 2}]
-        agent = TD3(OBS, ACT, cfg, SeedStreams([0, 1]))
-        _off_minimum(agent)
-        return agent
-
-    g = torch.Generator().manual_seed(4)
-    batches = [({"obs": torch.randn(2, B, OBS, generator=g), "action": torch.rand(2, B, ACT, generator=g) * 2 - 1,
-                 "reward": torch.randn(2, B, generator=g), "next_obs": torch.randn(2, B, OBS, generator=g),
-                 "terminated": torch.zeros(2, B)}, torch.randn(2, 2, B, ACT, generator=g)) for _ in range(6)]
-    eager, compiled = make(False), make(True)
-    for agent in (eager, compiled):
-        for k, (batch, noise) in enumerate(batches[:5]):
-            info = agent.update(batch, noise)
-            if k == 2:
-                agent.reset(1)
-                _off_minimum(agent)
-        agent.info = info
-    for p, q in zip(compiled.parameters(), eager.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    for key in eager.info:
-        torch.testing.assert_close(compiled.info[key], eager.info[key], rtol=1e-5, atol=1e-5)
-    for net in ("actor", "critic"):
-        for p, q in zip(compiled.nets()[net].parameters(), eager.nets()[net].parameters()):
-            for key in ("exp_avg", "exp_avg_sq"):
-                torch.testing.assert_close(compiled.optimizers[net].state[p][key], eager.optimizers[net].state[q][key],
-                                           rtol=1e-5, atol=1e-7)
-    for source, target in ((compiled, make(False)), (eager, make(True))):
-        target.load_full_state_dict(copy.deepcopy(source.full_state_dict()))
-        target.update(*batches[5])
-        source.update(*batches[5])
-        for p, q in zip(target.parameters(), source.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.slow
-def test_compiled_blocks_of_td3_updates_plan_the_delayed_actor_steps():
-    """compile_block=3: blocks of 3 TD3 updates, whose delayed actor steps fall on different
-    updates of each block, equal eager's updates (actor weights off σ = 1, as above)."""
-    g = torch.Generator().manual_seed(0)
-    buf = ReplayBuffer(64, OBS, ACT, 2)
-    for _ in range(64):
-        buf.add(torch.randn(2, OBS, generator=g), torch.rand(2, ACT, generator=g) * 2 - 1, torch.randn(2, generator=g),
-                torch.randn(2, OBS, generator=g), torch.zeros(2))
-
-    def make(**kw) -> TD3:
-        cfg = _config()
-        for key, value in kw.items():
-            setattr(cfg, key, value)
-        cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-2}]
-        agent = TD3(OBS, ACT, cfg, SeedStreams([0, 1]))
-        _off_minimum(agent)
-        return agent
-
-    eager, compiled = make(), make(compile=True, compile_block=3)
-    for agent in (eager, compiled):
-        agent.train_steps(buf, 7, 16)
-        agent.train_steps(buf, 3, 16)
-    assert compiled._block_size(3) == 3 and compiled.num_updates == eager.num_updates == 10
-    for p, q in zip(compiled.parameters(), eager.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -1,16 +1,19 @@
-"""An agent's update as compiled programs (``compile: true``), from the same list of steps that
-the eager update runs (:meth:`~sac_spectral.agents.base.ActorCritic.steps`).
+"""The compiled backend of the update engine (``compile: true``): the gradients and optimizer steps
+of a segment of an agent's steps (:meth:`~sac_spectral.agents.engine.Engine.steps`) as one program.
 
 Each step is written as a function of its network's parameters — its loss through
 :func:`torch.func.functional_call`, its gradient by :func:`torch.func.grad_and_value`, the
 regularizers' penalty gradients (:meth:`~sac_spectral.regularizers.Regularizer.penalty_and_grads`,
 the formula eager's ``penalty()`` differentiates) added, and the Adam/AdamW step of
 :func:`~sac_spectral.core.optim.adam_step_` — so that ``torch.compile`` sees forward, backward,
-penalties, optimizer step and the step's ``after()`` (a Polyak step) as one graph and fuses their
-elementwise work (inductor's C++ code on the CPU; CUDA graphs on a GPU). Consecutive steps form one program;
-a program ends after a step whose network has a regularizer that intervenes after steps (shrink &
-perturb, ReDo, resets…), whose ``after_step`` then runs between programs, where eager runs it.
-Updates whose step lists differ (TD3's delayed actor) get a program each.
+penalties, optimizer step and the ``after()`` (a Polyak step) of the steps before the last as one
+graph and fuses their elementwise work (inductor's C++ code on the CPU; CUDA graphs on a GPU).
+Consecutive steps form one program; a program ends after a step whose network has a regularizer
+that intervenes after steps (shrink & perturb, ReDo, resets…): the engine's loop then runs that
+``after_step`` and only then the step's ``after()``, as eager does. The last step's ``after()``
+runs inside only where its network has no intervention. Updates whose step lists differ (TD3's
+delayed actor) get a program each, and so do states of a regularizer that its network's forward
+reads (:meth:`~sac_spectral.regularizers.Regularizer.traced_state`: plasticity injection's).
 
 The programs write the agent's own parameters and its optimizers' own Adam state in place, so
 checkpoints, resets, evaluation and the regularizers see one set of tensors, and a run may resume
@@ -19,31 +22,31 @@ in place inside the program, as eager updates it. ``precision: bf16`` casts the
 linear layers' weights to bf16 inside the program (bf16 matmuls on fp32 masters, as eager's bf16
 copies give). A program is specialised to its agent's structure and configuration at the first
 call; only its arguments (steps, batch, noise, the regularizers with penalties, Adam state and
-hyperparameters) are guarded. :meth:`CompiledUpdate.block` runs several consecutive updates as one
+hyperparameters) are guarded. :meth:`Compiled.block` runs several consecutive updates as one
 program (``compile_block``) where no regularizer intervenes between them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
+from sac_spectral.agents.steps import Metrics, NetStep, Segment, intervenes
 from sac_spectral.core.functional import Bound
 from sac_spectral.core.nets import BatchedLinear
 from sac_spectral.core.optim import adam_state, adam_step_
 from sac_spectral.regularizers import Regularizer
 
 if TYPE_CHECKING:
-    from sac_spectral.agents.base import ActorCritic, NetStep
-
-Metrics = dict[str, Tensor]
+    from sac_spectral.agents.engine import Engine
 #: a regularizer with a penalty, its tensors' places among the trained ones, and the untrained ones
 Penalty = tuple[Regularizer, tuple["int | None", ...], tuple["Tensor | None", ...]]
 
@@ -94,9 +97,24 @@ class _Step:
             adam_step_(self.aliases[lo:hi], grads[lo:hi], *(s[lo:hi] for s in state), lr, betas, eps, wd, self.decoupled)
 
 
-def _intervenes(reg: Regularizer) -> bool:
-    """Whether ``reg`` changes its network after optimizer steps (its ``after_step`` is its own)."""
-    return type(reg).after_step is not Regularizer.after_step
+def _never(*args: Any) -> bool:
+    return False
+
+
+@contextlib.contextmanager
+def _inductor_workarounds() -> Iterator[None]:
+    """Inductor's CPU outer-loop fusion with local buffers fails (``KeyError: 'buf190'`` in
+    ``try_outer_loop_fusion_with_local_buf``, torch 2.13) on the programs of residual LayerNorm
+    networks with a penalty (BroNet, SimBa with the spectral regularizer): it is off while a
+    program runs, so for the programs' compiles alone."""
+    from torch._inductor.codegen.cpp import CppScheduling
+
+    original = CppScheduling.can_fuse_vertical_outer_loop
+    CppScheduling.can_fuse_vertical_outer_loop = _never
+    try:
+        yield
+    finally:
+        CppScheduling.can_fuse_vertical_outer_loop = original
 
 
 def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -115,42 +133,47 @@ def _argument_guards(guards: Sequence[Any]) -> list[bool]:
     return [not (g.is_global or g.name == "self" or g.name.startswith("self.")) for g in guards]
 
 
-Segment = tuple[tuple["NetStep", ...], Any]
+class Compiled:
+    """The compiled backend of an :class:`~sac_spectral.agents.engine.Engine`: its segments as
+    programs, and blocks of updates."""
 
+    blocks = True
 
-class CompiledUpdate:
-    """``update(batch, noise)`` of an :class:`~sac_spectral.agents.base.ActorCritic`, as compiled
-    programs of its :meth:`steps`."""
-
-    def __init__(self, agent: ActorCritic, bf16: bool = False) -> None:
+    def __init__(self, agent: Engine, bf16: bool = False) -> None:
         self.agent = agent
         self.wrapper = Bound(agent)
-        self.nets = {net: _Step(self.wrapper, opt) for net, opt in agent.optimizers.items()}
+        self.nets = {net: _Step(self.wrapper, t.optimizer) for net, t in agent.trained.items()}
         self.params = {n: p.detach() for n, p in self.wrapper.named_parameters()}
         self.low = {f"root.{n}.{k}" for n, m in agent.named_modules() if isinstance(m, BatchedLinear)
                     for k, _ in m.named_parameters()} if bf16 else set()
         mode = "reduce-overhead" if next(agent.parameters()).device.type == "cuda" else None
         self._compile = functools.partial(torch.compile, mode=mode, dynamic=False, options={"guard_filter_fn": _argument_guards})
-        self._programs: dict[tuple[Any, ...], Segment] = {}
+        self._programs: dict[tuple[Any, ...], Any] = {}
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledUpdate:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Compiled:
         """A copied agent gets its own programs (compiled ones close over this agent)."""
-        return CompiledUpdate(copy.deepcopy(self.agent, memo), bool(self.low))
+        return Compiled(copy.deepcopy(self.agent, memo), bool(self.low))
 
     def _regs(self, net: str) -> list[Regularizer]:
-        return self.agent.actor_regs if net == "actor" else self.agent.critic_regs
+        return self.agent.trained[net].regularizers
 
-    def _segments(self, steps: Sequence[NetStep]) -> list[Segment]:
-        """The programs of ``steps``: a segment ends after a step whose regularizers intervene."""
+    def _program(self, key: tuple[Any, ...], fn: Callable[..., Any]) -> Any:
+        """The program of ``key`` (with the traced state of every regularizer), compiled once."""
+        key = (*key, tuple(r.traced_state() for t in self.agent.trained.values() for r in t.regularizers))
+        if key not in self._programs:
+            self._programs[key] = self._compile(types.MethodType(_own_code(fn), self))
+        return self._programs[key]
+
+    def segments(self, steps: Sequence[NetStep]) -> list[Segment]:
+        """The programs of ``steps``: a segment ends after a step whose regularizers intervene, and
+        that step's ``after()`` is left to the engine's loop."""
         out, current = [], []
         for i, step in enumerate(steps):
             current.append(step)
-            if i == len(steps) - 1 or any(_intervenes(r) for r in self._regs(step.net)):
-                key = (i, tuple((s.net, s.after is not None) for s in current))
-                if key not in self._programs:
-                    captured = tuple(current)
-                    self._programs[key] = (captured, self._compile(types.MethodType(_own_code(CompiledUpdate._run), self)))
-                out.append(self._programs[key])
+            intervened = any(intervenes(r) for r in self._regs(step.net))
+            if i == len(steps) - 1 or intervened:
+                key = (i, tuple((s.net, s.after is not None) for s in current), not intervened)
+                out.append(Segment(tuple(current), not intervened, self._program(key, Compiled._run)))
                 current = []
         return out
 
@@ -161,16 +184,17 @@ class CompiledUpdate:
         loss, metrics = functional_call(self.wrapper, substituted, (step.loss, batch, noise))
         return loss, metrics
 
-    def _run(self, steps: tuple[NetStep, ...], batch: Metrics, noise: Tensor, args: Sequence[tuple[Any, ...]]) -> Metrics:
+    def _run(self, steps: tuple[NetStep, ...], after_inside: bool, batch: Metrics, noise: Tensor,
+             args: Sequence[tuple[Any, ...]]) -> Metrics:
         """A segment's steps, traced into one program."""
         info: Metrics = {}
-        for step, (penalties, state, hyper) in zip(steps, args):
+        for i, (step, (penalties, state, hyper)) in enumerate(zip(steps, args)):
             net = self.nets[step.net]
             grads, (_, metrics) = grad_and_value(functools.partial(self._loss, step, batch, noise), has_aux=True)(net.aliases)
             grads = list(grads)
             net.add_penalties(grads, penalties)
             net.apply(grads, state, hyper)
-            if step.after is not None:
+            if step.after is not None and (after_inside or i < len(steps) - 1):
                 step.after()
             info.update(metrics)
         return info
@@ -180,34 +204,23 @@ class CompiledUpdate:
         step = self.nets[net]
         return step.penalties(self._regs(net)), adam_state(step.optimizer, step.params), step.hyper()
 
-    def blockable(self) -> bool:
-        """Whether updates can run as one block: no regularizer intervenes between them."""
-        return not any(_intervenes(r) for r in self.agent.actor_regs + self.agent.critic_regs)
+    def run(self, segment: Segment, batch: Metrics, noise: Tensor) -> Metrics:
+        with _inductor_workarounds():
+            return segment.program(segment.steps, segment.after_inside, batch, noise, [self._args(s.net) for s in segment.steps])
 
     def _block(self, plan: tuple[tuple[NetStep, ...], ...], data: Metrics, noise: Tensor,
                args: dict[str, tuple[Any, ...]]) -> Metrics:
         """``len(plan)`` updates, update ``r`` on ``data[·][r]``, ``noise[r]``, traced into one program."""
         info: Metrics = {}
         for r, steps in enumerate(plan):
-            info = self._run(steps, {k: v[r] for k, v in data.items()}, noise[r], [args[s.net] for s in steps])
+            info.update(self._run(steps, True, {k: v[r] for k, v in data.items()}, noise[r], [args[s.net] for s in steps]))
         return info
 
-    def block(self, data: Metrics, noise: Tensor) -> Metrics:
-        """``len(noise)`` consecutive updates as one program call (batches ``data[·][r]`` ``[R, N,
-        B, ...]``, noise ``[R, 2, N, B, A]``), where :meth:`blockable`; the program is specialised to
-        the block's length and the step lists of its updates. Returns the last update's metrics;
-        the caller counts the updates."""
-        first = self.agent.num_updates + 1
-        plan = tuple(tuple(self.agent.steps(u)) for u in range(first, first + len(noise)))
+    def block(self, plan: tuple[tuple[NetStep, ...], ...], data: Metrics, noise: Tensor) -> Metrics:
+        """The updates of ``plan`` (each one's steps) as one program call, on batches ``data[·][r]``
+        ``[R, N, B, ...]`` and noise ``[R, rows, N, B, A]``, where nothing intervenes; the program is
+        specialised to the block's length and step lists. Returns each step's latest metrics; the
+        engine counts the updates."""
         key = ("block", tuple(tuple((s.net, s.after is not None) for s in steps) for steps in plan))
-        if key not in self._programs:
-            self._programs[key] = ((), self._compile(types.MethodType(_own_code(CompiledUpdate._block), self)))
-        return self._programs[key][1](plan, data, noise, {net: self._args(net) for net in self.nets})
-
-    def __call__(self, batch: Metrics, noise: Tensor) -> Metrics:
-        update, info = self.agent.num_updates + 1, {}
-        for steps, program in self._segments(self.agent.steps(update)):
-            info.update(program(steps, batch, noise, [self._args(s.net) for s in steps]))
-            for reg in self._regs(steps[-1].net):
-                reg.after_step(update)
-        return info
+        with _inductor_workarounds():
+            return self._program(key, Compiled._block)(plan, data, noise, {net: self._args(net) for net in self.nets})

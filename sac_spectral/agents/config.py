@@ -1,5 +1,5 @@
-"""The configuration of an RL run (``python -m sac_spectral.train``): the agent's (:class:`SACConfig`)
-plus the env, the schedule of steps, evaluations, resets, heavy priming, diagnostics and the run's
+"""The configuration of an RL run (``python -m sac_spectral.train``): the agents' shared options
+(:class:`SACConfig`; each agent's own section is registered with it) plus the env, the schedule of steps, evaluations, resets, heavy priming, diagnostics and the run's
 own settings. Defaults are exactly ``run_configs/default.yaml``.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sac_spectral.agents.base import AGENTS, agent_class
+from sac_spectral.agents.base import AGENTS, agent_class, agent_sections
 from sac_spectral.agents.probes import DiagnosticsConfig
 from sac_spectral.core.config import at_least, check, option, section
 from sac_spectral.core.device import check_device
@@ -75,18 +75,6 @@ class CriticConfig(NetConfig):
 
 
 @dataclass
-class AlphaConfig:
-    init: float = option(1.0, "initial temperature α")
-    lr: float = option(3e-4, "temperature learning rate")
-    learn: bool = option(True, "learn α toward the target entropy; false keeps it fixed")
-    target_entropy_scale: float = option(0.5, "target entropy = −scale·|A| (jaxrl / rl_with_resets: 0.5)")
-
-    def validate(self) -> None:
-        check(self.init > 0, "init", f"must be > 0, got {self.init}")
-        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
-
-
-@dataclass
 class SACConfig:
     gamma: float = option(0.99, "discount")
     tau: float = option(0.005, "Polyak rate of the target critics (every update)")
@@ -95,27 +83,22 @@ class SACConfig:
     compile_block: int = option(1, "with compile=true: run the updates of one train_steps call (an env step's replay_ratio updates, heavy priming's) this many per program call (one program of that many updates; its first compile takes minutes); 1: one call per update")
     actor: ActorConfig = section(ActorConfig)
     critic: CriticConfig = section(CriticConfig)
-    alpha: AlphaConfig = section(AlphaConfig)
+
+    @classmethod
+    def registered_sections(cls) -> dict[str, tuple[type, str]]:
+        """Each registered agent's own options (SAC's ``alpha``, TD3's ``td3``, …)."""
+        return agent_sections()
+
+    def __post_init__(self) -> None:
+        for key, (tp, _) in self.registered_sections().items():
+            if key not in self.__dict__:
+                setattr(self, key, tp())
 
     def validate(self) -> None:
         check(0 <= self.gamma <= 1, "gamma", f"must be in [0, 1], got {self.gamma}")
         check(0 < self.tau <= 1, "tau", f"must be in (0, 1], got {self.tau}")
         check(self.compile_block >= 1, "compile_block", f"must be an integer >= 1, got {self.compile_block}")
         check(self.precision in PRECISIONS, "precision", f"'{self.precision}' is not one of {', '.join(PRECISIONS)}")
-
-
-@dataclass
-class TD3Config:
-    """TD3's own options (Fujimoto et al. 2018; defaults as the authors' code)."""
-
-    policy_noise: float = option(0.2, "target policy smoothing: std of the noise added to the target action")
-    noise_clip: float = option(0.5, "target policy smoothing: the noise is clipped to [-noise_clip, noise_clip]")
-    policy_delay: int = option(2, "actor and target updates every policy_delay critic updates")
-    exploration_noise: float = option(0.1, "std of the Gaussian noise added to actions while collecting")
-
-    def validate(self) -> None:
-        at_least(self, 0, "policy_noise", "noise_clip", "exploration_noise")
-        at_least(self, 1, "policy_delay")
 
 
 @dataclass
@@ -174,7 +157,6 @@ class TrainConfig(SACConfig):
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle, re-chosen every 10 s)")
     progress: bool = option(True, "show a progress bar")
-    td3: TD3Config = section(TD3Config, "TD3's own options (agent: td3)")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
     diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")

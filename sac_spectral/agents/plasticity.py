@@ -60,7 +60,7 @@ class PlasticityProbes:
         agent = self.agent
         ref = buffer.gather(distinct_rows(buffer, REFERENCE_BATCH, self.seeds, f"churn/{agent.num_updates + count}")[0])
         probes = {net: UpdateProbe(module, net) for net, module in agent.nets().items()}
-        inputs = {"actor": ref["obs"], "critic": agent.critic_inputs(ref["obs"], ref["action"])}
+        inputs = {net: t.inputs(ref) for net, t in agent.trained.items()}
 
         def before_last() -> None:
             for net, probe in probes.items():

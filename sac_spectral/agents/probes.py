@@ -1,10 +1,10 @@
-"""Diagnostics of an actor-critic agent: its losses as per-example closures, a probe batch, the
-config section.
+"""Diagnostics of an agent's trained networks: their losses as per-example closures, a probe
+batch, the config section.
 
-The losses are the agent's own per-example losses (:meth:`~sac_spectral.agents.base.Agent.critic_losses`:
-the TD loss of every critic member, target held fixed; :meth:`~sac_spectral.agents.base.Agent.actor_losses`:
-SAC's ``α log π − min Q``, TD3's ``−Q_1``, on detached critics), so the diagnostics differentiate
-exactly what the update minimizes (it takes their means).
+The losses are each network's own per-example losses as the agent declares them in its table
+(:attr:`~sac_spectral.agents.engine.Trained.losses`: for the actor-critic agents the TD loss of
+every critic member, target held fixed, and SAC's ``α log π − min Q``, TD3's ``−Q_1``, on detached
+critics), so the diagnostics differentiate exactly what the update minimizes (it takes their means).
 
 The probe batch and its noise come from generators seeded by ``derive_seed(seed, "diagnostics/<k>")``
 for the ``k``-th update count: the agent's own random streams and the global torch generator are
@@ -57,62 +57,48 @@ def probe_batch(
     agent: Agent, buffer: ReplayBuffer, batch_size: int, seeds: Sequence[int], tick: int
 ) -> tuple[dict[str, Tensor], Tensor]:
     """``[N, B, ...]`` distinct transitions (``B = min(batch_size, len(buffer))``, drawn without
-    replacement so that no row of the gradient matrix repeats) and ``[2, N, B, A]`` noise, from
+    replacement so that no row of the gradient matrix repeats) and ``[rows, N, B, A]`` noise, from
     generators of their own."""
     if len(buffer) == 0:
         raise RuntimeError("cannot draw a probe batch from an empty replay buffer")
     idx, gens = distinct_rows(buffer, batch_size, seeds, f"diagnostics/{tick}")
-    noise = torch.stack([torch.randn((2, idx.shape[1], agent.act_dim), generator=g, device=g.device) for g in gens], dim=1)
+    rows = agent.noise_rows
+    noise = torch.stack([torch.randn((rows, idx.shape[1], agent.act_dim), generator=g, device=g.device) for g in gens], dim=1)
     return buffer.gather(idx), noise
 
 
 
-def critic_td_loss(agent: Agent, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
-    """Closure ``(critic, probe) → [N·C, B]``: :meth:`Agent.critic_losses` per example (next-state
-    ``noise [N, B, A]``), and its probe (the batch with the noise; ``[N, B, ·]``)."""
-    probe = {**batch, "noise": noise}
+def network_loss(agent: Agent, net: str, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
+    """Closure ``(module, probe) → [M, B]``: network ``net``'s per-example losses as the agent
+    declares them (:attr:`~sac_spectral.agents.engine.Trained.losses`, with the update's ``noise``
+    ``[rows, N, B, A]``), and its probe (the batch with the noise, every tensor ``[N, B, ·]``)."""
+    probe = {**batch, "noise": noise.movedim(0, 2)}
+    losses = agent.trained[net].losses
 
-    def loss(critic: nn.Module, b: dict[str, Tensor]) -> Tensor:
-        return agent.critic_losses(b, b["noise"])[0].flatten(0, 1)
-
-    return loss, probe
-
-
-def actor_loss(agent: Agent, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
-    """Closure ``(actor, probe) → [N, B]``: :meth:`Agent.actor_losses` per example (``noise [N, B, A]``),
-    and its probe (``obs``, ``noise``; ``[N, B, ·]``)."""
-    probe = {"obs": batch["obs"], "noise": noise}
-
-    def loss(actor: nn.Module, b: dict[str, Tensor]) -> Tensor:
-        return agent.actor_losses(b["obs"], b["noise"])[0]
+    def loss(module: nn.Module, b: dict[str, Tensor]) -> Tensor:
+        return losses(b, b["noise"].movedim(2, 0))
 
     return loss, probe
 
 
 @torch.no_grad()
 def hidden_features(agent: Agent, batch: dict[str, Tensor]) -> dict[str, list[Tensor]]:
-    """Post-activation hidden features ``[M, B, F]`` of actor (on ``s``) and critics (on ``s, a``)."""
-    return {
-        "actor": list(agent.actor(batch["obs"], return_hidden=True)[1]),
-        "critic": list(agent.critic(agent.critic_inputs(batch["obs"], batch["action"]), return_hidden=True)[1]),
-    }
+    """Post-activation hidden features ``[M, B, F]`` of every trained network on its inputs."""
+    return {net: list(t.module(t.inputs(batch), return_hidden=True)[1]) for net, t in agent.trained.items()}
 
 
 def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Tensor, cfg: DiagnosticsConfig) -> dict[str, Report]:
-    """``{"actor": Report, "critic": Report}`` on a probe ``batch`` ``[N, B, ...]`` with ``noise`` ``[2, N, B, A]``;
-    values are per member (actor ``[N]``, critic ``[N·C]``)."""
+    """``{net: Report}`` for every trained network with per-example losses, on a probe ``batch``
+    ``[N, B, ...]`` with ``noise`` ``[rows, N, B, A]``; values are per member."""
     features = hidden_features(agent, batch)
-    closures = {"critic": critic_td_loss(agent, batch, noise[0]), "actor": actor_loss(agent, batch, noise[1])}
-    nets = {"actor": agent.actor, "critic": agent.critic}
-    inputs = {"actor": batch["obs"], "critic": agent.critic_inputs(batch["obs"], batch["action"])}
     out = {}
-    for net, (loss, probe) in closures.items():
-        rep = network_diagnostics(
-            nets[net], loss, probe, net, features[net], cfg.tau, example_dim=1, method=cfg.method,
-            rtol=cfg.rtol, per_layer=cfg.per_layer,
-        )
-        activation = getattr(agent.cfg, net).activation
-        rep.scalars.update(feature_scalars(agent, net, features[net], inputs[net], None, activation))
+    for net, t in agent.trained.items():
+        if t.losses is None:
+            continue
+        loss, probe = network_loss(agent, net, batch, noise)
+        rep = network_diagnostics(t.module, loss, probe, net, features[net], cfg.tau, example_dim=1, method=cfg.method,
+                                  rtol=cfg.rtol, per_layer=cfg.per_layer)
+        rep.scalars.update(feature_scalars(agent, net, features[net], t.inputs(batch), None, t.cfg.activation))
         if not cfg.histograms:
             rep.histograms.clear()
         out[net] = rep

@@ -61,14 +61,15 @@ class ReplayBuffer:
         next_obs: Tensor | np.ndarray,
         terminated: Tensor | np.ndarray,
     ) -> None:
-        """Append one transition per seed (leading dimension ``num_seeds``), cast to float32."""
+        """Append one transition per seed (leading dimension ``num_seeds``), cast to the storage's dtype
+        (torch's default: float32)."""
         values = (obs, action, reward, next_obs, terminated)
         if self._numpy is not None:
             for array, value in zip(self._numpy, values):
                 array[:, self.ptr] = value.numpy(force=True) if isinstance(value, Tensor) else value
         else:
             for key, value in zip(KEYS, values):
-                self.storage[key][:, self.ptr] = torch.as_tensor(value, dtype=torch.float32)
+                self.storage[key][:, self.ptr] = torch.as_tensor(value, dtype=self.storage[key].dtype)
         self.ptr = (self.ptr + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 

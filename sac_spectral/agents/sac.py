@@ -1,7 +1,9 @@
-"""Soft Actor-Critic (Haarnoja et al. 2018) in the jaxrl / primacy-bias form, member-batched: the
-update, its optimizers and regularizers, resets and state, on the networks and losses of
-:mod:`sac_spectral.agents.networks`.
+"""Soft Actor-Critic (Haarnoja et al. 2018) in the jaxrl / primacy-bias form, member-batched.
 
+- Networks (:mod:`~sac_spectral.agents.networks`): a tanh-Gaussian actor, ``num_critics`` critics
+  and their target copies, and ``log α`` per seed.
+- Critic target ``y = r + γ·(1 − terminated)·(min_j Q̄_j(s′, a′) − α·log π(a′|s′))``: a time-limit
+  truncation keeps bootstrapping, only a true termination stops it.
 - Order per update (jaxrl): critic step → target update (Polyak, ``τ``) → actor and temperature
   step (on the updated critic, whose parameters are detached so no critic weight gradients are
   built), with ``L(α) = α·(−log π − H̄)``, ``H̄ = −target_entropy_scale·|A|``. Actor and ``log α``
@@ -12,89 +14,129 @@ update, its optimizers and regularizers, resets and state, on the networks and l
   log-probabilities, Q-values, targets and losses stay fp32.
 
 ``num_seeds`` independent agents train together. Losses are summed over seeds (each seed's
-gradient is its own) and averaged over the batch. Each network's regularizers add their penalties
-to its loss and run their ``after_step`` hooks after its optimizer step
-(:func:`~sac_spectral.regularizers.regularized_step`).
+gradient is its own) and averaged over the batch.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.base import NetStep, actor_dims, make_optimizers, register_agent
+from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators
+from sac_spectral.agents.base import actor_dims, register_agent
 from sac_spectral.agents.config import SACConfig
 from sac_spectral.agents.networks import (
-    SACNetworks,
     actor_mean_log_std,
     make_actor,
     make_critic,
     tanh_gaussian,
+    tanh_gaussian_actions,
 )
-from sac_spectral.core.nets import BatchedNetwork
+from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.core.config import check, option
 from sac_spectral.core.seeding import SeedStreams
 
-__all__ = ["SAC", "actor_mean_log_std", "make_actor", "make_critic", "tanh_gaussian"]
+__all__ = ["SAC", "AlphaConfig", "actor_mean_log_std", "make_actor", "make_critic", "tanh_gaussian"]
 
 
-def sac_optimizers(nets: SACNetworks, cfg: SACConfig) -> dict[str, torch.optim.Optimizer]:
-    """The critic's optimizer, and the actor's with ``log α`` in its own group (its own learning
-    rate, no decay); the compiled update steps the same state in its own program."""
-    actor_groups: list[dict[str, Any]] = [{"params": list(nets.actor.parameters()), "lr": cfg.actor.lr}]
-    if cfg.alpha.learn:
-        actor_groups.append({"params": [nets.log_alpha], "lr": cfg.alpha.lr, "weight_decay": 0.0})
-    return make_optimizers(cfg, actor_groups, nets.critic)
+@dataclass
+class AlphaConfig:
+    """SAC's temperature: its start, learning rate and target entropy."""
+
+    init: float = option(1.0, "initial temperature α")
+    lr: float = option(3e-4, "temperature learning rate")
+    learn: bool = option(True, "learn α toward the target entropy; false keeps it fixed")
+    target_entropy_scale: float = option(0.5, "target entropy = −scale·|A| (jaxrl / rl_with_resets: 0.5)")
+
+    def validate(self) -> None:
+        check(self.init > 0, "init", f"must be > 0, got {self.init}")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
 
 
-@register_agent("sac")
-class SAC(SACNetworks):
+@register_agent("sac", config=AlphaConfig, section="alpha")
+class SAC(ActorCritic):
     """``len(seeds)`` independent SAC agents in member-batched networks."""
-
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: SACConfig, streams: SeedStreams,
                  device: str | torch.device = "cpu") -> None:
-        super().__init__(obs_dim, act_dim, cfg, streams, device)
-        self._setup(sac_optimizers(self, cfg), {
-            "actor": (self.actor, True), "critic": (self.critic, True), "target": (self.target_critic, False),
-        }, cfg.precision)
-        self.actor_opt, self.critic_opt = self.optimizers["actor"], self.optimizers["critic"]
-        self._online_params = [p.detach() for p in self.critic.parameters()]
-        self._target_params = list(self.target_critic.parameters())
+        super().__init__(obs_dim, act_dim, cfg, streams)
+        n = self.num_seeds
+        self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
+        for name, net in self.networks(n, obs_dim, act_dim, cfg, streams).items():
+            setattr(self, name, net)
+        self.log_alpha = nn.Parameter(torch.full((n,), math.log(cfg.alpha.init)), requires_grad=cfg.alpha.learn)
+        self.to(device)
+        groups: list[dict[str, Any]] = [{"params": list(self.actor.parameters()), "lr": cfg.actor.lr}]
+        if cfg.alpha.learn:
+            groups.append({"params": [self.log_alpha], "lr": cfg.alpha.lr, "weight_decay": 0.0})
+        self._train_actor_critic(groups)
+        self._acting = functools.partial(tanh_gaussian_actions, cfg.actor)
+        self._polyak = self.polyak(*(net for net, t in self.trained.items() if t.target is not None))
 
     @classmethod
-    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: SACConfig) -> dict[str, nn.Module]:
-        critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic)
-        return {"actor": make_actor(members, obs_dim, act_dim, cfg.actor), "critic": critic, "target_critic": copy.deepcopy(critic)}
+    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: SACConfig,
+                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
+        actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
+        critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
+                             member_generators(streams, cfg.critic.num_critics))
+        return {"actor": actor, "critic": critic, "target_critic": copy.deepcopy(critic).requires_grad_(False)}
 
     @classmethod
     def export_policy(cls, cfg: SACConfig, actor_state: dict[str, Tensor]) -> nn.Module:
-        actor = make_actor(*actor_dims(actor_state), cfg.actor)
+        members, obs_dim, act_dim = actor_dims(actor_state)
+        actor = make_actor(members, obs_dim, act_dim, cfg.actor)
         actor.load_state_dict(actor_state)
-        return TanhGaussianPolicy(actor, cfg)
+        return ExportedPolicy(actor, functools.partial(tanh_gaussian_actions, cfg.actor), act_dim)
+
+    # ----------------------------------------------------------------------------- acting and losses
+    @torch.inference_mode()
+    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
+        """Actions ``[N, A]`` for observations ``[N, obs_dim]`` (one per seed)."""
+        noise = None if deterministic else self.streams.randn("act", (1, self.act_dim))
+        return self._acting(self.actor, obs.unsqueeze(1), noise).squeeze(1)
+
+    def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
+        return tanh_gaussian(*actor_mean_log_std(self.actor, obs, self.cfg.actor), noise)
+
+    @torch.no_grad()
+    def critic_target(self, batch: Metrics, noise: Tensor) -> Tensor:
+        """``[N, B]`` soft TD target ``r + γ(1 − terminated)(min_j Q̄_j(s′, a′) − α log π(a′|s′))``."""
+        next_obs = batch["next_obs"]
+        next_action, next_logp = self.policy(next_obs, noise)
+        next_q = self.q_values(self.target_critic, next_obs, next_action).amin(dim=1)
+        alpha = self.log_alpha.exp().unsqueeze(-1)
+        return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
+
+    def critic_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``ℓ_{n,j,i} = (Q_{n,j}(s_i, a_i) − y_{n,i})²`` ``[N, C, B]`` with the
+        target ``y`` (:meth:`critic_target`, next-state ``noise [N, B, A]``) held fixed, and the
+        Q-values ``[N, C, B]``."""
+        target = self.critic_target(batch, noise)
+        q = self.q_values(self.critic, batch["obs"], batch["action"])
+        return (q - target.unsqueeze(1)).square(), q
+
+    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example actor losses ``ℓ_{n,i} = α_n log π_n(ã_i|s_i) − min_j Q_{n,j}(s_i, ã_i)`` ``[N, B]``
+        on critics whose weights are detached (no critic weight gradients are built; α is a
+        constant here), with ``ã_i`` reparameterized by ``noise [N, B, A]``, and ``log π`` ``[N, B]``."""
+        action, logp = self.policy(obs, noise)
+        q_pi = self.q_values(self.critic, obs, action, detach=True).amin(dim=1)
+        return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 
     # ----------------------------------------------------------------------------- the update
     def steps(self, update: int) -> list[NetStep]:
         """Critic step, Polyak step of the targets, then actor and temperature step (on the updated
         critic), as jaxrl orders them."""
-        return [NetStep("critic", self.critic_step, self.polyak), NetStep("actor", self.actor_step)]
+        return [NetStep("critic", self.critic_step, self._polyak), NetStep("actor", self.actor_step)]
 
-    def critic_step(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """``Σ_n Σ_j mean_i ℓ_{n,j,i}``; metrics: per-seed critic loss and mean Q ``[N]``. ``noise[0]``
-        samples the next-state actions."""
-        losses, q = self.critic_losses(batch, noise[0])
-        per_seed = losses.mean(dim=-1).sum(dim=1)
-        return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
-
-    def polyak(self) -> None:
-        """``θ̄ ← θ̄ + τ(θ − θ̄)`` for the target critics."""
-        torch._foreach_lerp_(self._target_params, self._online_params, self.cfg.tau)
-        self.precision.refresh("target")
-
-    def actor_step(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def actor_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
         """Actor loss ``mean_i ℓ_{n,i}`` plus (when α is learned) the temperature loss ``α(H − H̄)``
         with the entropy estimate ``H = −mean_i log π``, summed over seeds; ``noise[1]`` samples the
         actions. Metrics: per-seed actor and temperature losses and entropy ``[N]``."""
@@ -108,29 +150,13 @@ class SAC(SACNetworks):
     # ----------------------------------------------------------------------------- resets
     @torch.no_grad()
     def reset(self, last: int | None = None) -> None:
-        """The shared reset (:meth:`ActorCritic.reset`); a full one also resets α and its Adam state."""
+        """The engine's reset; a full one also resets α and its Adam state."""
         if last is None:
             self.log_alpha.fill_(math.log(self.cfg.alpha.init))
-            self.actor_opt.state.pop(self.log_alpha, None)
+            self.trained["actor"].optimizer.state.pop(self.log_alpha, None)
         super().reset(last)
 
-    def metrics(self) -> dict[str, Tensor]:
+    def metrics(self) -> Metrics:
         """Per-seed ``[N]`` temperature and regularizer metrics (the state, not the last update:
         :meth:`update` returns those)."""
         return {"alpha": self.log_alpha.detach().exp(), **super().metrics()}
-
-
-class TanhGaussianPolicy(nn.Module):
-    """SAC's acting policy: ``tanh(mean)``, or a tanh-Gaussian sample (the trainer's act)."""
-
-    def __init__(self, actor: BatchedNetwork, cfg: SACConfig) -> None:
-        super().__init__()
-        self.actor, self.cfg = actor, cfg
-
-    def forward(self, obs: Tensor, member: int, deterministic: bool, generator: torch.Generator) -> Tensor:
-        mean, log_std = actor_mean_log_std(self.actor, obs, self.cfg.actor)
-        mean, log_std = mean[member], log_std[member]
-        if deterministic:
-            return torch.tanh(mean)
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
-        return torch.tanh(mean + log_std.exp() * noise)

@@ -18,14 +18,20 @@ Noise ``ε`` comes from each seed's ``sample`` stream (``noise[0]`` of an update
 from __future__ import annotations
 
 import copy
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.base import ActorCritic, Metrics, NetStep, actor_dims, make_optimizers, register_agent
+from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators
+from sac_spectral.agents.base import actor_dims, register_agent
 from sac_spectral.agents.networks import make_critic
+from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.core.config import at_least, option
 from sac_spectral.core.nets import BatchedNetwork
+from sac_spectral.core.precision import full
 from sac_spectral.core.residual import make_network
 from sac_spectral.core.seeding import SeedStreams
 
@@ -37,59 +43,75 @@ def make_deterministic_actor(members: int, obs_dim: int, act_dim: int, cfg: Any,
                         out_gains=1.0, generators=generators)
 
 
-@register_agent("td3")
+def deterministic_actions(exploration_noise: float, actor: BatchedNetwork, obs: Tensor, noise: Tensor | None) -> Tensor:
+    """TD3's acting (the trainer's and ``load_policy``'s): ``μ(s)``, or ``clip(μ(s) + σ_x·noise, −1, 1)``."""
+    action = torch.tanh(full(actor(obs)))
+    return action if noise is None else (action + exploration_noise * noise).clamp(-1.0, 1.0)
+
+
+@dataclass
+class TD3Config:
+    """TD3's own options (Fujimoto et al. 2018; defaults as the authors' code)."""
+
+    policy_noise: float = option(0.2, "target policy smoothing: std of the noise added to the target action")
+    noise_clip: float = option(0.5, "target policy smoothing: the noise is clipped to [-noise_clip, noise_clip]")
+    policy_delay: int = option(2, "actor and target updates every policy_delay critic updates")
+    exploration_noise: float = option(0.1, "std of the Gaussian noise added to actions while collecting")
+
+    def validate(self) -> None:
+        at_least(self, 0, "policy_noise", "noise_clip", "exploration_noise")
+        at_least(self, 1, "policy_delay")
+
+
+@register_agent("td3", config=TD3Config)
 class TD3(ActorCritic):
     """``len(seeds)`` independent TD3 agents in member-batched networks."""
-
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
                  device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
-        n, self.opts = self.num_seeds, cfg.td3
-        self.actor = make_deterministic_actor(n, obs_dim, act_dim, cfg.actor, streams["init"])
-        self.critic = make_critic(n * self.num_critics, obs_dim, act_dim, cfg.critic, self._critic_generators())
-        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
-        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.opts = cfg.td3
+        nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
+        self.actor, self.critic = nets["actor"], nets["critic"]
+        self.target_actor, self.target_critic = nets["target_actor"], nets["target_critic"]
         self.to(device)
-        self._setup(make_optimizers(cfg, [{"params": list(self.actor.parameters()), "lr": cfg.actor.lr}], self.critic), {
-            "actor": (self.actor, True), "critic": (self.critic, True),
-            "target": (self.target_critic, False), "target_actor": (self.target_actor, False),
-        }, cfg.precision)
-        self._online = [p.detach() for p in [*self.critic.parameters(), *self.actor.parameters()]]
-        self._targets = list(self.target_critic.parameters()) + list(self.target_actor.parameters())
-        self._actor_loss = torch.zeros(n, device=device)
+        self._train_actor_critic()
+        self._acting = functools.partial(deterministic_actions, self.opts.exploration_noise)
+        self._polyak = self.polyak("critic", "actor")
+        self.last_metrics["loss/actor"] = torch.zeros(self.num_seeds, device=device)
 
     @classmethod
-    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any) -> dict[str, nn.Module]:
-        actor = make_deterministic_actor(members, obs_dim, act_dim, cfg.actor)
-        critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic)
-        return {"actor": actor, "critic": critic, "target_actor": copy.deepcopy(actor), "target_critic": copy.deepcopy(critic)}
+    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
+        actor = make_deterministic_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
+        critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
+                             member_generators(streams, cfg.critic.num_critics))
+        return {"actor": actor, "critic": critic, "target_actor": copy.deepcopy(actor).requires_grad_(False),
+                "target_critic": copy.deepcopy(critic).requires_grad_(False)}
 
     @classmethod
     def export_policy(cls, cfg: Any, actor_state: dict[str, Tensor]) -> nn.Module:
-        actor = make_deterministic_actor(*actor_dims(actor_state), cfg.actor)
+        members, obs_dim, act_dim = actor_dims(actor_state)
+        actor = make_deterministic_actor(members, obs_dim, act_dim, cfg.actor)
         actor.load_state_dict(actor_state)
-        return DeterministicPolicy(actor, cfg.td3.exploration_noise)
+        return ExportedPolicy(actor, functools.partial(deterministic_actions, cfg.td3.exploration_noise), act_dim)
 
     # ----------------------------------------------------------------------------- acting and losses
     @torch.inference_mode()
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
         """Actions ``[N, A]``: ``μ(s)``, plus clipped exploration noise unless ``deterministic``."""
-        action = torch.tanh(self.actor(obs.unsqueeze(1)).float()).squeeze(1)
-        if deterministic:
-            return action
-        noise = self.streams.randn("act", (self.act_dim,))
-        return (action + self.opts.exploration_noise * noise).clamp(-1.0, 1.0)
+        noise = None if deterministic else self.streams.randn("act", (1, self.act_dim))
+        return self._acting(self.actor, obs.unsqueeze(1), noise).squeeze(1)
 
     @torch.no_grad()
-    def critic_target(self, batch: dict[str, Tensor], noise: Tensor) -> Tensor:
+    def critic_target(self, batch: Metrics, noise: Tensor) -> Tensor:
         """``[N, B]`` target ``r + γ(1 − terminated)·min_j Q′_j(s′, ã′)`` with the smoothed target action."""
         smoothing = (self.opts.policy_noise * noise).clamp(-self.opts.noise_clip, self.opts.noise_clip)
-        next_action = (torch.tanh(self.target_actor(batch["next_obs"]).float()) + smoothing).clamp(-1.0, 1.0)
+        next_action = (torch.tanh(full(self.target_actor(batch["next_obs"]))) + smoothing).clamp(-1.0, 1.0)
         next_q = self.q_values(self.target_critic, batch["next_obs"], next_action).amin(dim=1)
         return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * next_q
 
-    def critic_losses(self, batch: dict[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
+    def critic_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``[N, C, B]`` (target held fixed) and the Q-values ``[N, C, B]``."""
         q = self.q_values(self.critic, batch["obs"], batch["action"])
         return (q - self.critic_target(batch, noise).unsqueeze(1)).square(), q
@@ -97,7 +119,7 @@ class TD3(ActorCritic):
     def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Per-example actor losses ``−Q_1(s_i, μ(s_i))`` ``[N, B]`` on detached critic weights, and
         the actions' mean absolute value ``[N, B]`` (``noise`` is unused: the actor is deterministic)."""
-        action = torch.tanh(self.actor(obs).float())
+        action = torch.tanh(full(self.actor(obs)))
         q1 = self.q_values(self.critic, obs, action, detach=True)[:, 0]
         return -q1, action.detach().abs().mean(dim=-1)
 
@@ -108,50 +130,9 @@ class TD3(ActorCritic):
         critic = NetStep("critic", self.critic_step)
         if update % self.opts.policy_delay:
             return [critic]
-        return [critic, NetStep("actor", self.actor_step, self.polyak)]
-
-    def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
-        """``Σ_n Σ_j mean_i ℓ_{n,j,i}``; metrics: per-seed critic loss and mean Q. ``noise[0]``
-        smooths the target action."""
-        losses, q = self.critic_losses(batch, noise[0])
-        per_seed = losses.mean(dim=-1).sum(dim=1)
-        return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
+        return [critic, NetStep("actor", self.actor_step, self._polyak)]
 
     def actor_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
         """``Σ_n −mean_i Q_1(s_i, μ(s_i))``; metric: the per-seed actor loss."""
         per_seed = self.actor_losses(batch["obs"], noise[1])[0].mean(dim=-1)
         return per_seed.sum(), {"loss/actor": per_seed.detach()}
-
-    def polyak(self) -> None:
-        """``φ′ ← φ′ + τ(φ − φ′)``, ``θ′ ← θ′ + τ(θ − θ′)``."""
-        torch._foreach_lerp_(self._targets, self._online, self.cfg.tau)
-        self.precision.refresh("target", "target_actor")
-
-    def update(self, batch: Metrics, noise: Tensor) -> Metrics:
-        """:meth:`ActorCritic.update`; ``loss/actor`` is the last actor step's."""
-        info = super().update(batch, noise)
-        self._actor_loss = info.get("loss/actor", self._actor_loss)
-        return {**info, "loss/actor": self._actor_loss}
-
-    # ----------------------------------------------------------------------------- state
-    def full_state_dict(self) -> dict[str, Any]:
-        return {**super().full_state_dict(), "actor_loss": self._actor_loss}
-
-    def load_full_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_full_state_dict(state)
-        self._actor_loss = state["actor_loss"].to(self._actor_loss.device)
-
-
-class DeterministicPolicy(nn.Module):
-    """TD3's acting policy: ``μ(s)``, or ``μ(s)`` plus clipped Gaussian exploration noise."""
-
-    def __init__(self, actor: BatchedNetwork, exploration_noise: float) -> None:
-        super().__init__()
-        self.actor, self.exploration_noise = actor, exploration_noise
-
-    def forward(self, obs: Tensor, member: int, deterministic: bool, generator: torch.Generator) -> Tensor:
-        action = torch.tanh(self.actor(obs).float()[member])
-        if deterministic:
-            return action
-        noise = torch.randn(action.shape, generator=generator, device=action.device)
-        return (action + self.exploration_noise * noise).clamp(-1.0, 1.0)

@@ -248,8 +248,21 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported config type {_type_name(tp)}")
 
 
+def registered_sections(cls: type) -> Mapping[str, tuple[type, str]]:
+    """Sections registered with config class ``cls`` at run time, ``{key: (section class, help)}``
+    (its ``registered_sections()``: for RL configs, each agent's own options). An instance holds
+    each as an attribute, built by :func:`from_dict`, written by :func:`to_dict`, listed by
+    :func:`describe`."""
+    get = getattr(cls, "registered_sections", None)
+    return get() if get is not None else {}
+
+
+def _keys(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)] + list(registered_sections(cls))
+
+
 def _unknown_key(cls: type, key: str, prefix: str) -> ConfigError:
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = _keys(cls)
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
     where = f"under '{prefix[:-1]}'" if prefix else "at the top level"
@@ -261,12 +274,16 @@ def _unknown_key(cls: type, key: str, prefix: str) -> ConfigError:
 def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     """Build dataclass ``cls`` from a mapping, checking every key and type."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    extra = registered_sections(cls)
+    names = set(_keys(cls))
     for key in data:
         if key not in names:
             raise _unknown_key(cls, str(key), prefix)
-    kwargs = {k: coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
+    kwargs = {k: coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items() if k not in extra}
     obj = cls(**kwargs)
+    for k, (tp, _) in extra.items():
+        if k in data:
+            setattr(obj, k, coerce(data[k], tp, f"{prefix}{k}"))
     validate = getattr(obj, "validate", None)
     if validate is not None:
         try:
@@ -277,8 +294,11 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """Plain nested dict of a config dataclass (YAML-serializable)."""
-    return dataclasses.asdict(cfg)
+    """Plain nested dict of a config dataclass (YAML-serializable), its registered sections last."""
+    out = dataclasses.asdict(cfg)
+    for key in registered_sections(type(cfg)):
+        out[key] = dataclasses.asdict(getattr(cfg, key))
+    return out
 
 
 def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -371,6 +391,8 @@ def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[st
             rows.extend(describe(tp, prefix=f"{prefix}{f.name}.", defaults=value))
         else:
             rows.append((f"{prefix}{f.name}", _type_name(tp), value, f.metadata.get("help", "")))
+    for key, (tp, _) in registered_sections(cls).items():
+        rows.extend(describe(tp, prefix=f"{prefix}{key}.", defaults=getattr(defaults, key)))
     return rows
 
 

@@ -20,9 +20,13 @@ from typing import Literal
 from torch import Tensor, nn
 
 from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedNetwork
-from sac_spectral.core.reinit import member_count, members_view
+from sac_spectral.core.reinit import TORCH_NORMS, member_count, members_view
 
 Kind = Literal["linear", "conv", "norm"]
+#: the layers with a weight matrix (kernel): linear, member-batched linear, convolutions
+WEIGHTED = (nn.Linear, nn.modules.conv._ConvNd, BatchedLinear)
+#: the normalization layers (gain and shift)
+NORMS = (*TORCH_NORMS, BatchedLayerNorm)
 LAYER_CHOICES = ("all", "hidden")
 
 
@@ -76,7 +80,7 @@ def _classify(module: nn.Module) -> tuple[Kind, int] | None:
         return "linear", member_count(module)
     if isinstance(module, nn.modules.conv._ConvNd):
         return "conv", 1
-    if isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, BatchedLayerNorm)):
+    if isinstance(module, NORMS):
         if getattr(module, "weight", None) is None and getattr(module, "bias", None) is None:
             return None
         return "norm", member_count(module)

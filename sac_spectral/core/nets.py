@@ -162,9 +162,13 @@ class BatchedLayerNorm(nn.Module):
     ) -> None:
         reinitialize([self], generators, members)
 
+    def normalized(self, x: Tensor) -> Tensor:
+        """``x`` ``[M, B, F]`` normalized as the forward normalizes it before the gain and shift."""
+        return F.layer_norm(x, (self.features,), eps=self.eps)
+
     def forward(self, x: Tensor, detach: bool = False) -> Tensor:
         w, b = (self.weight.detach(), self.bias.detach()) if detach else (self.weight, self.bias)
-        return torch.addcmul(b.unsqueeze(1), F.layer_norm(x, (self.features,), eps=self.eps), w.unsqueeze(1))
+        return torch.addcmul(b.unsqueeze(1), self.normalized(x), w.unsqueeze(1))
 
 
 class BatchedNetwork(nn.Module):

@@ -60,8 +60,10 @@ def adam_step_(
     torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
-    correction1 = torch._foreach_sub(torch._foreach_pow(beta1, steps), 1.0)  # −(1 − β₁ᵗ)
-    correction2 = torch._foreach_sqrt(torch._foreach_neg(torch._foreach_sub(torch._foreach_pow(beta2, steps), 1.0)))
+    # the bias corrections in float64, as torch's fused kernels form them (1 − β₂ᵗ loses digits in float32)
+    wide = [s.double() for s in steps]
+    correction1 = torch._foreach_sub(torch._foreach_pow(beta1, wide), 1.0)  # −(1 − β₁ᵗ)
+    correction2 = torch._foreach_sqrt(torch._foreach_neg(torch._foreach_sub(torch._foreach_pow(beta2, wide), 1.0)))
     denom = torch._foreach_sqrt(exp_avg_sqs)
     torch._foreach_div_(denom, correction2)
     torch._foreach_add_(denom, eps)

@@ -74,6 +74,11 @@ class Bf16Copies:
             copy.grad = None
 
 
+def full(x: Tensor) -> Tensor:
+    """``x`` in fp32 where a bf16 matmul produced it; fp32 (or fp64) outputs as they are."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
 PRECISIONS = ("fp32", "bf16")
 #: CPU flags (``/proc/cpuinfo``) of native bf16 matmuls: AVX512-BF16 dot products, AMX tiles
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")

@@ -24,7 +24,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
+#: torch's normalization layers (gain and shift; the member-batched ones draw their own)
+TORCH_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 
 
 def member_count(module: nn.Module) -> int:
@@ -57,7 +58,7 @@ def draw(module: nn.Module, generator: torch.Generator | None = None) -> tuple[T
         bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
         w = _uniform(weight.shape, bound, generator)
         return w, None if bias is None else _uniform(bias.shape, bound, generator)
-    if isinstance(module, _NORMS):
+    if isinstance(module, TORCH_NORMS):
         return (
             None if weight is None else torch.ones(weight.shape),
             None if bias is None else torch.zeros(bias.shape),

@@ -192,7 +192,8 @@ def _layer_gram(name: str, mod: nn.Module, leaves: set[str], inp: Tensor, d: Ten
         return k
     a = inp.detach().double()
     if _is_layer_norm(mod):
-        a = F.layer_norm(a, (a.shape[-1],), eps=mod.eps).reshape(d.shape[0], -1, a.shape[-1])
+        a = mod.normalized(a) if isinstance(mod, BatchedLayerNorm) else F.layer_norm(a, (a.shape[-1],), eps=mod.eps)
+        a = a.reshape(d.shape[0], -1, a.shape[-1])
         gain = d * a  # the gain's per-example gradients
         recon, weight_gram = gain.sum(1), gain @ gain.transpose(1, 2)
     else:
@@ -216,7 +217,8 @@ def _factored_grams(
     records: dict[int, list[tuple[Tensor, Tensor]]] = {i: [] for i in layers}
 
     def hook(mod: nn.Module, inputs: tuple[Tensor, ...], out: Tensor) -> None:
-        records[id(mod)].append((inputs[0], out))
+        if out.requires_grad:  # a forward without gradient (a TD target's) adds nothing to the loss's gradient
+            records[id(mod)].append((inputs[0], out))
 
     handles = [mod.register_forward_hook(hook) for _, mod, _ in layers.values()]
     try:

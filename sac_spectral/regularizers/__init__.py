@@ -5,7 +5,7 @@
 >>> loss = task_loss + reg.penalty()          # doctest: +SKIP
 """
 
-from sac_spectral.regularizers.base import Regularizer, regularized_step
+from sac_spectral.regularizers.base import Regularizer, penalized_step, regularized_step
 from sac_spectral.regularizers.cbp import CBP
 from sac_spectral.regularizers.l2 import L2
 from sac_spectral.regularizers.l2_init import L2Init
@@ -28,5 +28,5 @@ from sac_spectral.regularizers.wasserstein_init import WassersteinInit
 
 __all__ = [
     "CBP", "L2", "L2Init", "NaP", "Parseval", "PlasticityInjection", "REGISTRY", "ReDo", "Regularizer", "Reset", "ShrinkPerturb", "Spectral",
-    "SpectralNorm", "WassersteinInit", "build_regularizers", "parameter_copies", "register", "regularized_step", "validate_specs",
+    "SpectralNorm", "WassersteinInit", "build_regularizers", "parameter_copies", "penalized_step", "register", "regularized_step", "validate_specs",
 ]

@@ -23,7 +23,7 @@ Interventions that need more than the parameters get it from their owner:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -102,6 +102,11 @@ class Regularizer:
 
     def after_step(self, step: int) -> None:
         """In-place changes after ``optimizer.step()``; ``step`` counts updates from 1."""
+
+    def traced_state(self) -> Hashable:
+        """Python state of this regularizer that its network's forward reads (hooks): a compiled
+        update is specialised to it, and compiles anew when it changes. ``None``: no such state."""
+        return None
 
     def metrics(self) -> dict[str, Tensor]:
         """Telling quantities, read only when logging."""
@@ -194,18 +199,26 @@ def per_member_sq(xs: Sequence[Tensor], targets: Sequence[Tensor | None]) -> Ten
     return sum((x if t is None else x - t).square().flatten(1).sum(1) for x, t in zip(xs, targets))
 
 
-def regularized_step(
-    loss: Tensor, optimizer: torch.optim.Optimizer, regularizers: Sequence[Regularizer], update: int,
+def penalized_step(
+    loss: Tensor, optimizer: torch.optim.Optimizer, regularizers: Sequence[Regularizer],
     step: Callable[[], Any] | None = None,
 ) -> None:
-    """One training step of a network: add its regularizers' penalties to ``loss``, backpropagate,
-    step (``optimizer.step`` unless ``step`` is given, e.g. a compiled one), then run the
-    interventions' ``after_step(update)`` (``update`` counts from 1)."""
+    """Add the regularizers' penalties to ``loss``, backpropagate and step (``optimizer.step``
+    unless ``step`` is given)."""
     for reg in regularizers:
         if reg.has_penalty:
             loss = loss + reg.penalty()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     (optimizer.step if step is None else step)()
+
+
+def regularized_step(
+    loss: Tensor, optimizer: torch.optim.Optimizer, regularizers: Sequence[Regularizer], update: int,
+    step: Callable[[], Any] | None = None,
+) -> None:
+    """One training step of a network: :func:`penalized_step`, then the interventions'
+    ``after_step(update)`` (``update`` counts from 1)."""
+    penalized_step(loss, optimizer, regularizers, step)
     for reg in regularizers:
         reg.after_step(update)

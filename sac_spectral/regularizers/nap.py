@@ -33,14 +33,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.core.layers import LayerView, checked_views
-from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.core.layers import NORMS, WEIGHTED, LayerView, checked_views
+from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.core.residual import ResidualNet
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
-_WEIGHTED = (nn.Linear, nn.modules.conv._ConvNd, BatchedLinear)
-_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, BatchedLayerNorm)
 NORM_PARAMS = ("joint", "free")
 _EPS = 1e-12
 HINT = ("set layer_norm: true (RL: actor.layer_norm=true, critic.layer_norm=true) "
@@ -57,17 +55,17 @@ def unnormalized_layers(module: nn.Module) -> list[str]:
     if isinstance(module, ResidualNet):
         return module.unnormalized_layers()
     leaves = [(name, m) for name, m in module.named_modules() if next(m.children(), None) is None]
-    if not any(isinstance(m, _NORMS) for _, m in leaves):
+    if not any(isinstance(m, NORMS) for _, m in leaves):
         return ["all"]
     if not isinstance(module, nn.Sequential):
         return []
     out, pending = [], None
     for name, leaf in leaves:
-        if isinstance(leaf, _WEIGHTED):
+        if isinstance(leaf, WEIGHTED):
             if pending is not None:
                 out.append(pending)
             pending = name
-        elif isinstance(leaf, _NORMS):
+        elif isinstance(leaf, NORMS):
             pending = None
     return out
 

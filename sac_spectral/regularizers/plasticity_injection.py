@@ -30,10 +30,9 @@ the head's optimizer state (penalties on the parameters, such as weight decay, a
 ``levels > 1`` needs the layer order: a :class:`~sac_spectral.core.nets.BatchedMLP` or an
 ``nn.Sequential``.
 
-Compiled SAC updates (``compile: true``) trace the hooks; on a small agent they matched the eager
-update through an injection of the actor or the critic to float rounding. Policy export from a
-checkpoint (``load_policy``) reads the network's parameters only, which after an injection of the
-actor are θ′ without θ − θ′₀.
+Compiled updates (``compile: true``) trace the hooks, and compile anew at injection
+(:meth:`traced_state`). ``load_policy`` builds the actor's regularizers on the exported actor
+and loads their state, so an injected actor acts with its frozen branches there too.
 
 Defaults: ``at_step=50_000`` updates (ours: about halfway through the default 100 000-step SAC
 run; inject once the network has lost plasticity), ``levels=2``, ``seed=0``.
@@ -48,13 +47,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sac_spectral.core.layers import checked_views, layer_views
+from sac_spectral.core.layers import WEIGHTED, checked_views, layer_views
 from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
 from sac_spectral.core.reinit import forget, reinitialize
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
-_WEIGHTED = (nn.Linear, nn.modules.conv._ConvNd, BatchedLinear)
 
 
 def _batched_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
@@ -107,7 +105,7 @@ class Head:
                     f"nn.Sequential, got {', '.join(containers) or type(module).__name__} "
                     "(levels=1 injects its output layers)")
             leaves = [m for m in module.modules() if next(m.children(), None) is None]
-            weighted = [i for i, m in enumerate(leaves) if isinstance(m, _WEIGHTED)]
+            weighted = [i for i, m in enumerate(leaves) if isinstance(m, WEIGHTED)]
             require(levels <= len(weighted), f"levels must be <= {len(weighted)} (the network's linear/conv layers), got {levels}")
             self.leaves = leaves[weighted[-levels] : weighted[-1] + 1]
             self.modules = [m for m in self.leaves if any(True for _ in m.parameters(recurse=False))]
@@ -252,6 +250,10 @@ class PlasticityInjection(Regularizer):
             torch._foreach_copy_(targets, params)
         self.state["injected"].fill_(1.0)
         self.injected = True
+
+    def traced_state(self) -> bool:
+        """Whether the hooks add the frozen branches (compiled updates are specialised to it)."""
+        return self.injected
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -31,15 +31,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.core.layers import checked_views
-from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedMLP
+from sac_spectral.core.layers import NORMS, WEIGHTED, checked_views
+from sac_spectral.core.nets import BatchedLayerNorm, BatchedMLP
 from sac_spectral.core.reinit import draw, member_count, member_param, zero_moments
 from sac_spectral.diagnostics.features import normalized_scores
 from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
-_WEIGHTED = (nn.Linear, nn.modules.conv._ConvNd, BatchedLinear)
-_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, BatchedLayerNorm)
 
 
 def _units(layer: nn.Module) -> int:
@@ -112,7 +110,7 @@ def hidden_layers(module: nn.Module) -> list[HiddenLayer]:
     for name, leaf in module.named_modules():
         if next(leaf.children(), None) is not None:
             continue
-        if isinstance(leaf, _WEIGHTED):
+        if isinstance(leaf, WEIGHTED):
             if producer is not None:
                 h, fin = _units(producer), _inputs(leaf)
                 flattened = isinstance(producer, nn.modules.conv._ConvNd) and not isinstance(leaf, nn.modules.conv._ConvNd)
@@ -120,7 +118,7 @@ def hidden_layers(module: nn.Module) -> list[HiddenLayer]:
                     raise ValueError(f"redo cannot map the {h} units before '{name}' to its {fin} inputs")
                 out.append(HiddenLayer(producer, [leaf], fin // h, fin == h, norms))
             producer, norms = leaf, []
-        elif isinstance(leaf, _NORMS) and producer is not None and getattr(leaf, "weight", None) is not None:
+        elif isinstance(leaf, NORMS) and producer is not None and getattr(leaf, "weight", None) is not None:
             if _norm_features(leaf) != _units(producer):
                 raise ValueError(f"redo: normalization '{name}' does not act on the {_units(producer)} units before it")
             norms.append(leaf)

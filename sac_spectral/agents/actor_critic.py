@@ -1,0 +1,141 @@
+"""What the member-batched actor-critic agents (SAC, TD3, REDQ, CrossQ) share on top of the update
+engine: an actor with one member per seed and ``num_critics`` Q-networks per seed in one batched
+critic, the critic's input layout, the TD step, the optimizers, and the memory estimate.
+
+Seed ``n``'s critics are members ``n·C … n·C + C − 1`` of the critic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from sac_spectral.agents.engine import Engine, Trained
+from sac_spectral.agents.steps import Metrics
+from sac_spectral.core.nets import BatchedNetwork
+from sac_spectral.core.precision import full
+from sac_spectral.core.optim import make_optimizer
+from sac_spectral.core.seeding import SeedStreams
+from sac_spectral.core.sizes import ADAM_COPIES, FLOAT32
+from sac_spectral.regularizers import parameter_copies
+
+
+def member_generators(streams: SeedStreams | None, members: int) -> list[torch.Generator] | None:
+    """Each of ``members`` per seed's ``init`` stream (``None`` without streams: torch's global one)."""
+    return None if streams is None else [g for g in streams["init"] for _ in range(members)]
+
+
+def make_optimizer_of(cfg: Any, params: list[nn.Parameter] | list[dict[str, Any]], betas: tuple[float, float] = (0.9, 0.999)
+                      ) -> torch.optim.Optimizer:
+    """Adam, or AdamW (decoupled decay) when the network's ``weight_decay > 0``, with fused kernels."""
+    name = "adamw" if cfg.weight_decay > 0 else "adam"
+    return make_optimizer(name, params, cfg.lr, cfg.weight_decay, betas=betas, implementation="fused")
+
+
+class ActorCritic(Engine):
+    """An engine whose networks are ``actor`` (one member per seed) and ``critic`` (``num_critics``
+    per seed), each with an optional target. A subclass builds them in :meth:`networks` (one place,
+    for training and for memory estimates) and calls :meth:`_train_actor_critic`."""
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams) -> None:
+        super().__init__(obs_dim, act_dim, cfg, streams)
+        self.num_critics = cfg.critic.num_critics
+
+    @classmethod
+    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
+        """The networks of ``members`` seeds, drawn from ``streams`` (the agent's) or torch's generator."""
+        raise NotImplementedError
+
+    def _train_actor_critic(self, actor_groups: list[dict[str, Any]] | None = None,
+                            betas: tuple[float, float] = (0.9, 0.999)) -> None:
+        """Train ``actor`` (``actor_groups``: its parameter groups, its own by default) and ``critic``
+        with their targets where the agent has ``target_actor`` / ``target_critic``."""
+        cfg = self.cfg
+        actor_groups = actor_groups or [{"params": list(self.actor.parameters()), "lr": cfg.actor.lr}]
+        self._train({
+            "actor": Trained(self.actor, make_optimizer_of(cfg.actor, actor_groups, betas), cfg.actor, 1,
+                             lambda b: b["obs"], getattr(self, "target_actor", None),
+                             lambda b, noise: self.actor_losses(b["obs"], noise[1])[0]),
+            "critic": Trained(self.critic, make_optimizer_of(cfg.critic, list(self.critic.parameters()), betas), cfg.critic,
+                              self.num_critics, lambda b: self.critic_inputs(b["obs"], b["action"]),
+                              getattr(self, "target_critic", None),
+                              lambda b, noise: self.critic_losses(b, noise[0])[0].flatten(0, 1)),
+        }, cfg.precision)
+
+    def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
+        """The critic's input ``[N·C, B, ·]`` for each seed's ``(obs, action)``."""
+        n, b = obs.shape[:2]
+        x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
+        return x.reshape(n * self.num_critics, b, -1)
+
+    def q_values(self, net: BatchedNetwork, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
+        """``[N, num_critics, B]`` Q-values of ``obs, action: [N, B, ·]``."""
+        n, b = obs.shape[:2]
+        return full(net(self.critic_inputs(obs, action), detach)).view(n, self.num_critics, b)
+
+    def critic_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` (target held fixed) and the Q-values ``[N, C, B]``."""
+        raise NotImplementedError
+
+    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example actor losses ``[N, B]`` (and an auxiliary ``[N, B]``)."""
+        raise NotImplementedError
+
+    def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
+        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses` (``noise[0]`` for the next actions);
+        metrics: per-seed critic loss and mean Q ``[N]``."""
+        losses, q = self.critic_losses(batch, noise[0])
+        per_seed = losses.mean(dim=-1).sum(dim=1)
+        return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
+
+    @classmethod
+    def memory_estimate(cls, cfg: Any, obs_dim: int, act_dim: int) -> dict[str, float]:
+        """Bytes of a run: the replay buffer, the networks as :meth:`networks` builds them (on the
+        meta device; trained ones with gradients, Adam moments and their regularizers' parameter
+        copies, ``target_*`` ones once), one step's batches and a batch's activations (each hidden
+        unit keeps its pre- and post-activation for backward and gets a gradient of each), and the
+        diagnostics' per-example gradients."""
+        n, c, b = cfg.num_seeds, cfg.critic.num_critics, cfg.batch_size
+        transition = 2 * obs_dim + act_dim + 2
+        with torch.random.fork_rng(), torch.device("meta"):
+            nets = cls.networks(n, obs_dim, act_dim, cfg)
+        counts = {k: sum(p.numel() for p in net.parameters()) for k, net in nets.items()}
+        networks = sum(v * (ADAM_COPIES + parameter_copies(getattr(cfg, k).regularizers)) if not k.startswith("target")
+                       else v for k, v in counts.items())
+        critic_sizes = [obs_dim + act_dim, *cfg.critic.hidden, 1]
+        actor_sizes = [obs_dim, *cfg.actor.hidden, sum(nets["actor"].out_dims)]
+        parts = {
+            "replay buffer": FLOAT32 * n * cfg.buffer_size * transition,
+            "networks and Adam state": FLOAT32 * networks,
+            "a batch's transitions and activations": FLOAT32 * (
+                math.ceil(cfg.replay_ratio) * n * b * transition
+                + 2 * n * c * b * (critic_sizes[0] + 4 * sum(critic_sizes[1:]))
+                + 2 * n * b * (actor_sizes[0] + 4 * sum(actor_sizes[1:]))
+            ),
+        }
+        if cfg.diagnostics.every:
+            per_member = max(counts["critic"] // (n * c), counts["actor"] // n)
+            parts["diagnostics probe"] = FLOAT32 * n * c * min(cfg.diagnostics.batch_size, cfg.buffer_size) * per_member
+        return parts
+
+
+Acting = Callable[[BatchedNetwork, Tensor, "Tensor | None"], Tensor]
+
+
+class ExportedPolicy(nn.Module):
+    """An agent's acting policy for ``load_policy``: ``forward(obs [M, B, O], member, deterministic,
+    generator)`` → member's actions ``[B, A]``, by the agent's own acting function
+    ``acting(actor, obs, noise)`` (``noise`` ``[·, B, A]`` standard normal, ``None``: deterministic)."""
+
+    def __init__(self, actor: BatchedNetwork, acting: Acting, act_dim: int) -> None:
+        super().__init__()
+        self.actor, self.acting, self.act_dim = actor, acting, act_dim
+
+    def forward(self, obs: Tensor, member: int, deterministic: bool, generator: torch.Generator) -> Tensor:
+        noise = None if deterministic else torch.randn((obs.shape[1], self.act_dim), generator=generator, device=obs.device)
+        return self.acting(self.actor, obs, noise)[member]

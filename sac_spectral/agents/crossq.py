@@ -1,0 +1,222 @@
+"""CrossQ (Bhatt, Palenicek, Belousov, Argus, Amiranashvili, Brox, Peters, "CrossQ: Batch
+Normalization in Deep Reinforcement Learning for Greater Sample Efficiency and Simplicity",
+ICLR 2024), member-batched, on SAC's actor and temperature.
+
+- **No target networks.** The critics bootstrap from themselves:
+  ``y = r + γ(1 − terminated)·(min_j Q_j(s′, a′) − α log π(a′|s′))``, ``a′ ~ π(·|s′)``, held fixed.
+- **Batch renormalization in the critic** (Ioffe 2017): on its input and after every hidden
+  activation, ``x̂ = (x − μ_B)/σ_B · r + d`` with ``r = clip(σ_B/σ, 1/r_max, r_max)``,
+  ``d = clip((μ_B − μ)/σ, −d_max, d_max)`` (no gradient through ``r``, ``d``; ``r = 1, d = 0`` for the
+  first ``crossq.warmup`` critic steps: batch normalization), then a gain and a shift. Running
+  ``μ, σ²`` move by ``crossq.momentum`` per critic step.
+- **One joint forward** of ``(s, a)`` and ``(s′, a′)``: the two batches are concatenated, so the
+  batch statistics cover both distributions (the paper's point), and split after.
+- The actor steps every ``crossq.policy_delay`` (3) updates on the critics in evaluation mode
+  (running statistics), ``L(φ) = mean_i [α log π(ã_i|s_i) − min_j Q_j(s_i, ã_i)]``; the
+  temperature as in SAC. Adam with ``β₁ = crossq.adam_beta1`` (0.5) for every network.
+- The paper's widths and rates are in ``run_configs/crossq.yaml``: critic 2048-2048, actor
+  256-256, learning rates 1e-3, target entropy −|A|.
+
+Differences from the authors' code: the actor is SAC's MLP without batch normalization (theirs
+normalizes it too); the gradient-rank diagnostics differentiate the critics at their running
+statistics (batch statistics would couple the examples).
+
+``compile: true`` is refused: the running statistics are written inside the forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sac_spectral.agents.actor_critic import member_generators
+from sac_spectral.agents.base import register_agent
+from sac_spectral.agents.networks import make_actor
+from sac_spectral.agents.sac import SAC
+from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.core.config import at_least, check, option
+from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedNetwork
+from sac_spectral.core.reinit import per_member
+from sac_spectral.core.seeding import SeedStreams
+
+_GAIN = 2.0**0.5
+
+
+@dataclass
+class CrossQConfig:
+    """CrossQ's own options (Bhatt et al. 2024; defaults as the authors' code)."""
+
+    policy_delay: int = option(3, "actor and temperature step every N critic updates")
+    adam_beta1: float = option(0.5, "Adam's β₁ for every network")
+    momentum: float = option(0.01, "rate at which batch renormalization's running statistics move per critic step")
+    warmup: int = option(100_000, "critic steps of plain batch normalization (r = 1, d = 0) before renormalization")
+    r_max: float = option(3.0, "batch renormalization's bound on r")
+    d_max: float = option(5.0, "batch renormalization's bound on d")
+
+    def validate(self) -> None:
+        at_least(self, 1, "policy_delay")
+        at_least(self, 0, "warmup")
+        check(0 <= self.adam_beta1 < 1, "adam_beta1", f"must be in [0, 1), got {self.adam_beta1}")
+        check(0 < self.momentum <= 1, "momentum", f"must be in (0, 1], got {self.momentum}")
+        check(self.r_max >= 1 and self.d_max >= 0, "r_max", f"needs r_max >= 1 and d_max >= 0, got {self.r_max}, {self.d_max}")
+
+
+class BatchRenorm(BatchedLayerNorm):
+    """Batch renormalization over the batch axis of ``[M, B, F]``, per member: gain and shift
+    ``[M, F]``, running mean and variance ``[M, F]``. It uses the running statistics unless
+    ``batch`` is set, and moves them only when ``update`` is set too (:func:`batch_statistics`)."""
+
+    def __init__(self, members: int, features: int, opts: CrossQConfig, eps: float = 1e-3) -> None:
+        super().__init__(members, features, eps)
+        self.opts, self.batch, self.update = opts, False, False
+        self.register_buffer("running_mean", torch.zeros(members, features))
+        self.register_buffer("running_var", torch.ones(members, features))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def normalized(self, x: Tensor) -> Tensor:
+        """``x`` normalized by the running statistics (what the forward does outside :func:`batch_statistics`)."""
+        mean, var = self.running_mean.unsqueeze(1).to(x.dtype), self.running_var.unsqueeze(1).to(x.dtype)
+        return (x - mean) / (var + self.eps).sqrt()
+
+    def forward(self, x: Tensor, detach: bool = False) -> Tensor:
+        w, b = (self.weight.detach(), self.bias.detach()) if detach else (self.weight, self.bias)
+        if not self.batch:
+            return torch.addcmul(b.unsqueeze(1), self.normalized(x), w.unsqueeze(1))
+        mean, var = self.running_mean.unsqueeze(1), self.running_var.unsqueeze(1)
+        batch_mean, batch_var = x.mean(dim=1, keepdim=True), x.var(dim=1, unbiased=False, keepdim=True)
+        batch_std, std = (batch_var + self.eps).sqrt(), (var + self.eps).sqrt()
+        o, on = self.opts, self.steps >= self.opts.warmup
+        r = torch.where(on, (batch_std.detach() / std).clamp(1 / o.r_max, o.r_max), 1.0)
+        d = torch.where(on, ((batch_mean.detach() - mean) / std).clamp(-o.d_max, o.d_max), 0.0)
+        if self.update:
+            with torch.no_grad():
+                self.running_mean.lerp_(batch_mean.squeeze(1), o.momentum)
+                self.running_var.lerp_(batch_var.squeeze(1), o.momentum)
+                self.steps += 1
+        return torch.addcmul(b.unsqueeze(1), (x - batch_mean) / batch_std * r + d, w.unsqueeze(1))
+
+
+@contextlib.contextmanager
+def batch_statistics(net: nn.Module, update: bool) -> Iterator[None]:
+    """Inside: ``net``'s batch renormalization uses batch statistics (and moves its running ones
+    if ``update``)."""
+    layers = [m for m in net.modules() if isinstance(m, BatchRenorm)]
+    for m in layers:
+        m.batch, m.update = True, update
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.batch = m.update = False
+
+
+class RenormMLP(BatchedNetwork):
+    """``M`` MLPs ``BRN → [Linear → ReLU → BRN] × k → Linear`` (orthogonal init, gain √2)."""
+
+    def __init__(self, members: int, in_dim: int, hidden: list[int], opts: CrossQConfig,
+                 generators: list[torch.Generator] | None = None) -> None:
+        super().__init__()
+        gens = per_member(generators, members)
+        self.members, self.in_dim, self.out_dims = members, in_dim, (1,)
+        self.in_norm = BatchRenorm(members, in_dim, opts)
+        dims = [in_dim, *hidden]
+        self.layers = nn.ModuleList(BatchedLinear(members, a, b, gain=_GAIN, generators=gens) for a, b in zip(dims, hidden))
+        self.norms = nn.ModuleList(BatchRenorm(members, h, opts) for h in hidden)
+        self.heads = nn.ModuleList([BatchedLinear(members, dims[-1], 1, gain=_GAIN, generators=gens)])
+
+    def output_layers(self) -> list[nn.Module]:
+        return list(self.heads)
+
+    def tail(self, last: int | None = None) -> list[nn.Module]:
+        levels = [[layer, norm] for layer, norm in zip(self.layers, self.norms)]
+        levels[0].insert(0, self.in_norm)
+        levels.append(list(self.heads))
+        start = 0 if last is None else max(len(levels) - last, 0)
+        return [m for level in levels[start:] for m in level]
+
+    def hidden_units(self) -> list[tuple[BatchedLinear, list[BatchedLinear], list[BatchRenorm]]]:
+        """Each hidden layer, the layer that reads it and its renormalization (for ReDo and CBP)."""
+        consumers = [[layer] for layer in self.layers[1:]] + [list(self.heads)]
+        return [(layer, nxt, [norm]) for layer, nxt, norm in zip(self.layers, consumers, self.norms)]
+
+    def forward(self, x: Tensor, detach: bool = False, return_hidden: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.members, -1, -1)
+        x = self.in_norm(x, detach)
+        hidden = []
+        for layer, norm in zip(self.layers, self.norms):
+            x = norm(F.relu(layer(x, detach)), detach)
+            hidden.append(x)
+        out = self.heads[0](x, detach)
+        return (out, hidden) if return_hidden else out
+
+
+@register_agent("crossq", config=CrossQConfig)
+class CrossQ(SAC):
+    """``len(seeds)`` independent CrossQ agents in member-batched networks."""
+
+    compiles = False
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
+        super().__init__(obs_dim, act_dim, cfg, streams, device)
+        zeros = torch.zeros(self.num_seeds, device=device)
+        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
+
+    @classmethod
+    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
+        actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
+        c = cfg.critic.num_critics
+        critic = RenormMLP(members * c, obs_dim + act_dim, list(cfg.critic.hidden), cfg.crossq, member_generators(streams, c))
+        return {"actor": actor, "critic": critic}
+
+    def _train_actor_critic(self, actor_groups: list[dict[str, Any]] | None = None,
+                            betas: tuple[float, float] = (0.9, 0.999)) -> None:
+        super()._train_actor_critic(actor_groups, (self.cfg.crossq.adam_beta1, betas[1]))
+
+    def critic_losses(self, batch: Metrics, noise: Tensor, update: bool = False) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` and Q-values. With ``update`` (the critic step): one
+        forward of ``(s, a)`` and ``(s′, a′)`` with batch statistics, moving the running ones. Without
+        (diagnostics): at the running statistics, where examples do not interact, ``(s′, a′)`` apart."""
+        n, b = batch["obs"].shape[:2]
+        with torch.no_grad():
+            next_action, next_logp = self.policy(batch["next_obs"], noise)
+        if update:
+            x = torch.cat([self.critic_inputs(batch["obs"], batch["action"]),
+                           self.critic_inputs(batch["next_obs"], next_action)], dim=1)
+            with batch_statistics(self.critic, update=True):
+                both = self.critic(x).view(n, self.num_critics, 2 * b)
+            q, next_q = both[..., :b], both[..., b:].detach()
+        else:
+            q = self.q_values(self.critic, batch["obs"], batch["action"])
+            with torch.no_grad():
+                next_q = self.q_values(self.critic, batch["next_obs"], next_action)
+        alpha = self.log_alpha.detach().exp().unsqueeze(-1)
+        target = batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q.amin(dim=1) - alpha * next_logp)
+        return (q - target.unsqueeze(1)).square(), q
+
+    def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
+        losses, q = self.critic_losses(batch, noise[0], update=True)
+        per_seed = losses.mean(dim=-1).sum(dim=1)
+        return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
+
+    def steps(self, update: int) -> list[NetStep]:
+        """The critic step; every ``policy_delay``-th update also the actor and temperature step."""
+        critic = NetStep("critic", self.critic_step)
+        return [critic] if update % self.cfg.crossq.policy_delay else [critic, NetStep("actor", self.actor_step)]
+
+    def reset(self, last: int | None = None) -> None:
+        """SAC's reset; the re-drawn renormalization layers restart their running statistics."""
+        super().reset(last)
+        for m in self.critic.tail(last):
+            if isinstance(m, BatchRenorm):
+                m.running_mean.zero_()
+                m.running_var.fill_(1.0)
+                m.steps.zero_()
+

@@ -1,0 +1,287 @@
+"""The update engine: one loop that trains any set of member-batched networks.
+
+An agent declares its **trained networks** in one table (:class:`Trained`: module, optimizer, its
+config section with the regularizer specs, members per seed, the network's input for a batch and an
+optional target network), and its update as a list of **steps** (:class:`NetStep`: the network, its
+loss as a function of the batch and noise, and an optional ``after()`` such as a Polyak step).
+:class:`Engine` runs every update, for every agent, as
+
+    loss → penalties → gradient → optimizer step → the network's interventions (``after_step``)
+    → the step's ``after()`` → count,
+
+step by step. A **backend** computes only the gradient and optimizer step of a *segment* of
+consecutive steps: eager (autograd and ``torch.optim``, bf16 weight copies) runs one step per
+segment; the compiled backend (:mod:`~sac_spectral.agents.compiled`) runs as many consecutive steps
+as no intervention separates as one program, and the ``after()`` of a segment's last step inside
+it only where that network has no intervention (so an intervention always runs before the step's
+``after()``, as eager runs it). Blocks of several updates (``compile_block``) are one program call
+of the same loop where nothing intervenes. Compiled therefore equals eager by construction.
+
+The interventions run before ``after()``, as the references do: Nikishin et al.'s resets re-draw
+networks and copy them into their targets before the next target update, and Sokar et al.'s ReDo
+re-initializes dormant units right after the optimizer step; a Polyak step then averages the
+target toward the network the intervention left. Metrics of each step persist until that step runs
+again (TD3's delayed ``loss/actor``), and are checkpointed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from sac_spectral.agents.compiled import Compiled
+from sac_spectral.agents.replay import ReplayBuffer
+from sac_spectral.agents.steps import Metrics, NetStep, Segment, intervenes
+from sac_spectral.core.nets import BatchedNetwork
+from sac_spectral.core.precision import make_precision
+from sac_spectral.core.reinit import reset_layers
+from sac_spectral.core.seeding import SeedStreams
+from sac_spectral.regularizers import Regularizer, build_regularizers, penalized_step
+
+
+
+@dataclass
+class Trained:
+    """One trained network of an agent: its module (``members`` members per seed), optimizer,
+    config section (``regularizers`` specs, ``activation``), its input for a training batch
+    (``inputs(batch) → [M, B, ·]``: what interventions probe, input statistics observe and
+    diagnostics measure features on), the target network that follows it, if any, and its
+    per-example losses for the gradient-rank diagnostics (``losses(batch, noise) → [M, B]``, noise
+    ``[rows, N, B, A]``: what the update averages). The engine adds the built regularizers."""
+
+    module: BatchedNetwork
+    optimizer: torch.optim.Optimizer
+    cfg: Any
+    members: int
+    inputs: Callable[[Metrics], Tensor]
+    target: BatchedNetwork | None = None
+    losses: Callable[[Metrics, Tensor], Tensor] | None = None
+    regularizers: list[Regularizer] = field(default_factory=list)
+
+
+class Eager:
+    """The eager backend: one step per segment, autograd, ``torch.optim``, bf16 weight copies."""
+
+    blocks = False
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def segments(self, steps: Sequence[NetStep]) -> list[Segment]:
+        return [Segment((step,)) for step in steps]
+
+    def run(self, segment: Segment, batch: Metrics, noise: Tensor) -> Metrics:
+        """The step's loss (under the precision's forward), penalties, gradient and optimizer step."""
+        (step,) = segment.steps
+        engine, trained = self.engine, self.engine.trained[step.net]
+        with engine.precision.forward():
+            loss, metrics = step.loss(batch, noise)
+
+        def optimizer_step() -> None:
+            engine.precision.collect_grads(step.net)
+            trained.optimizer.step()
+
+        penalized_step(loss, trained.optimizer, trained.regularizers, optimizer_step)
+        engine.precision.refresh(step.net)
+        return metrics
+
+
+class Engine(nn.Module):
+    """The shared body of every agent (see the module docstring). A subclass builds its networks,
+    then calls :meth:`_train` with its table; it writes :meth:`steps` and its losses."""
+
+    name: ClassVar[str]
+    #: whether ``compile: true`` compiles its update (from :meth:`steps`)
+    compiles: ClassVar[bool] = True
+    #: rows of standard-normal noise ``[rows, N, B, A]`` each update draws (SAC: next and current actions)
+    noise_rows: ClassVar[int] = 2
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams) -> None:
+        super().__init__()
+        self.cfg, self.streams = cfg, streams
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.num_seeds = len(streams)
+        self.num_updates = 0
+        self.last_metrics: Metrics = {}
+        self.trained: dict[str, Trained] = {}
+        self._batch: Metrics = {}
+
+    def _train(self, table: dict[str, Trained], precision: str) -> None:
+        """Train the networks of ``table``: their regularizers, the precision (bf16 copies of every
+        network and target) and the backend (compiled with ``compile: true``)."""
+        self.trained = table
+        self._build_regularizers()
+        compiled = bool(getattr(self.cfg, "compile", False)) and self.compiles
+        self.precision = make_precision("fp32" if compiled else precision, {
+            **{n: (t.module, True) for n, t in table.items()},
+            **{f"{n}.target": (t.target, False) for n, t in table.items() if t.target is not None},
+        })
+        self._targets = tuple(f"{n}.target" for n, t in table.items() if t.target is not None)
+        self.backend: Eager | Compiled = Compiled(self, precision == "bf16") if compiled else Eager(self)
+
+    def generators(self, net: str) -> list[torch.Generator]:
+        """Each member's ``init`` stream (seed ``n``'s members ``n·k … n·k + k − 1`` share seed n's)."""
+        return [g for g in self.streams["init"] for _ in range(self.trained[net].members)]
+
+    def _build_regularizers(self) -> None:
+        """Each network's regularizers with its optimizer, its inputs of the current update as probe,
+        its target, and per-member random streams seeded from each seed's ``init`` stream (so seed i
+        of a multi-seed run draws what a single-seed run draws)."""
+        for net, t in self.trained.items():
+            t.regularizers = build_regularizers(t.module, t.cfg.regularizers, f"{net}.regularizers")
+            for reg in t.regularizers:
+                reg.attach(t.optimizer)
+                reg.set_probe(lambda t=t: t.inputs(self._batch))
+                if t.target is not None:
+                    reg.set_target(t.target)
+                if reg.generators:
+                    reg.seed_members([int(torch.randint(2**62, (), generator=g)) for g in self.generators(net)])
+
+    def nets(self) -> dict[str, BatchedNetwork]:
+        return {net: t.module for net, t in self.trained.items()}
+
+    def per_seed(self, net: str, value: Tensor) -> Tensor:
+        return value if value.dim() == 0 else value.reshape(self.num_seeds, self.trained[net].members).mean(dim=1)
+
+    def polyak(self, *nets: str) -> Callable[[], None]:
+        """``after()`` moving the targets of ``nets`` toward them: ``θ̄ ← θ̄ + τ(θ − θ̄)``."""
+        targets = [p for n in nets for p in self.trained[n].target.parameters()]
+        online = [p.detach() for n in nets for p in self.trained[n].module.parameters()]
+        tau = self.cfg.tau
+
+        def after() -> None:
+            torch._foreach_lerp_(targets, online, tau)
+
+        return after
+
+    # ----------------------------------------------------------------------------- the loop
+    def steps(self, update: int) -> list[NetStep]:
+        """The steps of update number ``update`` (counted from 1), in their order."""
+        raise NotImplementedError
+
+    def update(self, batch: Metrics, noise: Tensor) -> Metrics:
+        """One update of every seed on ``batch`` ``[N, B, ...]`` with ``noise`` ``[rows, N, B, A]``:
+        the loop of the module docstring over :meth:`steps`. Returns every step's latest per-seed
+        metrics (device tensors, no host sync)."""
+        self._batch, update = batch, self.num_updates + 1
+        for segment in self.backend.segments(self.steps(update)):
+            self.last_metrics.update(self.backend.run(segment, batch, noise))
+            last = segment.steps[-1]
+            for reg in self.trained[last.net].regularizers:
+                reg.after_step(update)
+            if last.after is not None and not segment.after_inside:
+                last.after()
+                self.precision.refresh(*self._targets)
+        self.num_updates = update
+        return dict(self.last_metrics)
+
+    def draw_noise(self, count: int, batch_size: int) -> Tensor:
+        """``[count, rows, N, B, A]`` noise of ``count`` updates from each seed's ``sample`` stream."""
+        return self.streams.randn("sample", (count, self.noise_rows, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4)
+
+    def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int,
+                    before_last: Callable[[], None] | None = None) -> Metrics:
+        """``count`` updates on fresh uniform batches; indices and noise for all of them are drawn
+        at once from each seed's ``sample`` stream. ``before_last()`` runs just before the last
+        update. Where the backend can (:meth:`_block_size`), ``compile_block`` updates run as one
+        program call of the same loop. Returns the latest metrics."""
+        idx = buffer.sample_indices(self.streams["sample"], (count, batch_size))
+        data = {k: v.transpose(0, 1).contiguous() for k, v in buffer.gather(idx).items()}
+        noise = self.draw_noise(count, batch_size)
+        hook = count - 1 if before_last is not None else count
+        r = 0
+        while r < count:
+            if r == hook:
+                before_last()
+            size = self._block_size((hook if r < hook else count) - r)
+            if size > 1:
+                self._batch = {k: v[r + size - 1] for k, v in data.items()}
+                plan = tuple(tuple(self.steps(u)) for u in range(self.num_updates + 1, self.num_updates + 1 + size))
+                self.last_metrics.update(self.backend.block(plan, {k: v[r : r + size] for k, v in data.items()}, noise[r : r + size]))
+                self.num_updates += size
+            else:
+                batch = {k: v[r] for k, v in data.items()}
+                self.observe(batch)
+                self.update(batch, noise[r])
+            r += size
+        return dict(self.last_metrics)
+
+    def _block_size(self, left: int) -> int:
+        """How many of the ``left`` next updates run as one program call (1: one update): blocks
+        need the compiled backend, no network keeping input statistics and no intervention."""
+        size = getattr(self.cfg, "compile_block", 1)
+        if size == 1 or left < size or not self.backend.blocks:
+            return 1
+        if any(t.module.observes for t in self.trained.values()):
+            return 1
+        return 1 if any(intervenes(r) for t in self.trained.values() for r in t.regularizers) else size
+
+    def observe(self, batch: Metrics) -> None:
+        """Show each network (and its target) that keeps input statistics its training inputs."""
+        for t in self.trained.values():
+            if t.module.observes:
+                x = t.inputs(batch)
+                for net in (t.module, t.target):
+                    if net is not None:
+                        net.observe(x)
+
+    # ----------------------------------------------------------------------------- resets and state
+    @torch.no_grad()
+    def reset(self, last: int | None = None) -> None:
+        """Nikishin et al. (2022) resets: re-draw the last ``last`` levels (``None``: all) of every
+        trained network, copy them into its target and clear their optimizer state; a full reset
+        also rebuilds the regularizers. The replay buffer is kept by the caller."""
+        for net, t in self.trained.items():
+            reset_layers(t.module.tail(last), self.generators(net), t.optimizer)
+            if t.target is not None:
+                for src, dst in zip(t.module.tail(last), t.target.tail(last)):
+                    dst.load_state_dict(src.state_dict())
+        if last is None:
+            self._build_regularizers()
+        self.precision.refresh()
+
+    def metrics(self) -> Metrics:
+        """Per-seed ``[N]`` metrics of every regularizer, ``reg/<net>/<name>/<key>``."""
+        return {f"reg/{net}/{reg.name}/{key}": self.per_seed(net, value)
+                for net, t in self.trained.items() for reg in t.regularizers for key, value in reg.metrics().items()}
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """Networks, optimizers, regularizer state, the latest metrics and the update count."""
+        return {
+            "modules": self.state_dict(),
+            "optimizers": {net: t.optimizer.state_dict() for net, t in self.trained.items()},
+            "regularizers": {net: [r.state_dict() for r in t.regularizers] for net, t in self.trained.items()},
+            "last_metrics": dict(self.last_metrics),
+            "num_updates": self.num_updates,
+        }
+
+    def load_full_state_dict(self, state: dict[str, Any]) -> None:
+        state = upgrade_state(state)
+        self.load_state_dict(state["modules"])
+        for net, t in self.trained.items():
+            t.optimizer.load_state_dict(state["optimizers"][net])
+            for reg, s in zip(t.regularizers, state["regularizers"][net], strict=True):
+                reg.load_state_dict(s)
+        device = next(self.parameters()).device
+        self.last_metrics.update({k: v.to(device) for k, v in state["last_metrics"].items()})
+        self.num_updates = int(state["num_updates"])
+        self.precision.refresh()
+
+
+def upgrade_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An agent checkpoint in the engine's layout; older ones (an actor's and a critic's optimizer
+    and regularizers under their own keys, TD3's delayed actor loss) are converted."""
+    if "optimizers" in state:
+        return state
+    nets = ("actor", "critic")
+    return {
+        "modules": state["modules"],
+        "optimizers": {n: state[f"{n}_opt"] for n in nets},
+        "regularizers": {n: state[f"{n}_regs"] for n in nets},
+        "last_metrics": {"loss/actor": state["actor_loss"]} if "actor_loss" in state else {},
+        "num_updates": state["num_updates"],
+    }

@@ -1,0 +1,103 @@
+"""Randomized Ensembled Double Q-learning (REDQ; Chen, Wang, Zhou & Ross, "Randomized Ensembled
+Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, on SAC's networks.
+
+- An ensemble of ``N = critic.num_critics`` Q-networks (10 in the paper) with target copies.
+- Target with a random subset ``𝓜`` of ``M = redq.num_min`` (2) of them, drawn anew every update:
+  ``y = r + γ(1 − terminated)·(min_{i∈𝓜} Q̄_i(s′, ã′) − α log π(ã′|s′))``, ``ã′ ~ π(·|s′)``; every
+  critic regresses onto the same ``y``. Targets move by Polyak averaging (``τ``) every update.
+- The actor (every ``redq.policy_delay``-th update) on the ensemble's mean:
+  ``L(φ) = mean_i [α log π(ã_i|s_i) − (1/N) Σ_j Q_j(s_i, ã_i)]``; the temperature as in SAC.
+- Update-to-data ratio ``G`` (20 in the paper) is the run's ``replay_ratio``; with
+  ``policy_delay = G`` the actor takes one step per env step, after that step's last critic
+  update, as the authors' code does.
+
+The subset of each seed and update comes from the update's noise: a third row of standard
+normals, whose first ``N`` values' ranks are a uniformly random permutation (the first ``M`` of
+it are the subset), so compiled updates draw exactly what eager ones draw. Steps are sequential
+(critic step, Polyak step, then actor and temperature on the updated critics), as this package's
+SAC; the authors' code forms the actor's loss before the critics' step.
+
+Run config: ``run_configs/redq.yaml`` (N = 10, M = 2, UTD 20, target entropy −|A|).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sac_spectral.agents.base import register_agent
+from sac_spectral.agents.sac import SAC
+from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.core.config import at_least, option
+from sac_spectral.core.seeding import SeedStreams
+
+
+@dataclass
+class REDQConfig:
+    """REDQ's own options (Chen et al. 2021); the ensemble's size is ``critic.num_critics``."""
+
+    num_min: int = option(2, "M: critics in the random subset whose minimum forms the target")
+    policy_delay: int = option(20, "actor and temperature step every N updates (the paper: once per env step at UTD 20)")
+
+    def validate(self) -> None:
+        at_least(self, 1, "num_min", "policy_delay")
+
+
+def random_subset(noise: Tensor, size: int, of: int) -> Tensor:
+    """``[N, size]`` indices of a uniformly random subset of ``range(of)`` per seed, from standard
+    normals ``noise [N, ...]`` (their first ``of`` values' ranks)."""
+    return noise.flatten(1)[:, :of].argsort(dim=1)[:, :size]
+
+
+@register_agent("redq", config=REDQConfig)
+class REDQ(SAC):
+    """``len(seeds)`` independent REDQ agents in member-batched networks."""
+
+    noise_rows = 3
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
+        super().__init__(obs_dim, act_dim, cfg, streams, device)
+        zeros = torch.zeros(self.num_seeds, device=device)
+        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
+
+    def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor | None = None) -> Tensor:
+        """``[N, B]`` target on the minimum of the critics in ``subset`` ``[N, M]`` (drawn from
+        ``noise`` when not given, as the diagnostics' probes do)."""
+        with torch.no_grad():
+            if subset is None:
+                subset = random_subset(noise, self.cfg.redq.num_min, self.num_critics)
+            next_obs = batch["next_obs"]
+            next_action, next_logp = self.policy(next_obs, noise)
+            next_q = self.q_values(self.target_critic, next_obs, next_action)
+            next_q = next_q.gather(1, subset.unsqueeze(-1).expand(-1, -1, next_q.shape[-1])).amin(dim=1)
+            alpha = self.log_alpha.exp().unsqueeze(-1)
+            return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
+
+    def critic_losses(self, batch: Metrics, noise: Tensor, subset: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` of every critic against the subset's target, and the Q-values."""
+        target = self.critic_target(batch, noise, subset)
+        q = self.q_values(self.critic, batch["obs"], batch["action"])
+        return (q - target.unsqueeze(1)).square(), q
+
+    def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
+        """SAC's critic step on the target of this update's subset (``noise[2]``)."""
+        subset = random_subset(noise[2], self.cfg.redq.num_min, self.num_critics)
+        losses, q = self.critic_losses(batch, noise[0], subset)
+        per_seed = losses.mean(dim=-1).sum(dim=1)
+        return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
+
+    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic
+        weights, and ``log π``."""
+        action, logp = self.policy(obs, noise)
+        q_pi = self.q_values(self.critic, obs, action, detach=True).mean(dim=1)
+        return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
+
+    def steps(self, update: int) -> list[NetStep]:
+        """The critic step and the Polyak step; every ``policy_delay``-th update also the actor and
+        temperature step."""
+        critic = NetStep("critic", self.critic_step, self._polyak)
+        return [critic] if update % self.cfg.redq.policy_delay else [critic, NetStep("actor", self.actor_step)]

@@ -1,0 +1,66 @@
+"""An agent from the user's own installed package (entry-point group ``sac_spectral.agents``), with
+options of its own, as a user writes it: ``train agent=<name>``, its section in ``--help``,
+``--resume``, ``play``, ``diagnose`` and ``load_policy`` all work on it with no import line in the
+package; a broken agent plug-in costs one warning line, and an error only where it is asked for."""
+
+import json
+
+import pytest
+
+from test_plugins import install, run
+
+#: a user's agent: SAC whose temperature stays at its own option's value
+AGENT = '''
+import dataclasses
+
+from sac_spectral.agents import SAC, register_agent
+from sac_spectral.core.config import option
+
+
+@dataclasses.dataclass
+class FixedOptions:
+    alpha: float = option(0.05, "the fixed temperature")
+
+
+@register_agent("fixed_sac", config=FixedOptions)
+class FixedSAC(SAC):
+    def __init__(self, obs_dim, act_dim, cfg, streams, device="cpu"):
+        cfg.alpha.learn, cfg.alpha.init = False, cfg.fixed_sac.alpha
+        super().__init__(obs_dim, act_dim, cfg, streams, device)
+'''
+SMALL = ["env=dmc:cartpole-balance", "random_steps=60", "total_steps=100", "eval_every=50", "eval_episodes=1",
+         "batch_size=16", "actor.hidden=[16, 16]", "critic.hidden=[16, 16]", "threads=1", "progress=false"]
+
+
+@pytest.fixture
+def plugins(tmp_path):
+    points = "[sac_spectral.agents]\nfixed_sac = my_agents:FixedSAC\nbroken = not_there:Agent\n"
+    return install(tmp_path / "plugins", "myagents", points, {"my_agents": AGENT})
+
+
+@pytest.mark.slow
+def test_an_installed_agent_trains_resumes_plays_and_is_diagnosed(plugins, tmp_path):
+    help_text = run(plugins, tmp_path, "sac_spectral.train", "--help")
+    assert "fixed_sac.alpha" in help_text.stdout and "the fixed temperature" in help_text.stdout
+    rd = tmp_path / "run"
+    done = run(plugins, tmp_path, "sac_spectral.train", "agent=fixed_sac", "fixed_sac.alpha=0.2", *SMALL, f"run_dir={rd}")
+    assert done.returncode == 0, done.stderr
+    assert "warning: sac_spectral.agents: 'broken' skipped" in done.stderr and done.stderr.count("warning:") == 1
+    summary = json.loads((rd / "summary.json").read_text())
+    assert summary["steps"] == 100
+    resumed = run(plugins, tmp_path, "sac_spectral.train", "--resume", str(rd), "total_steps=120")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((rd / "summary.json").read_text())["steps"] == 120
+    played = run(plugins, tmp_path, "sac_spectral.play", str(rd), "--episodes", "1")
+    assert played.returncode == 0 and "return" in played.stdout, played.stderr
+    diagnosed = run(plugins, tmp_path, "sac_spectral.diagnose", str(rd))
+    assert diagnosed.returncode == 0 and "grad_rank/critic/erank" in diagnosed.stdout, diagnosed.stderr
+    loaded = run(plugins, tmp_path, "sac_spectral.play", str(rd), "--episodes", "1", "--stochastic")
+    assert loaded.returncode == 0, loaded.stderr
+
+
+def test_asking_for_a_broken_agent_is_one_line_that_says_why(plugins, tmp_path):
+    done = run(plugins, tmp_path, "sac_spectral.train", "agent=broken", *SMALL, f"run_dir={tmp_path / 'x'}")
+    assert done.returncode == 2 and not (tmp_path / "x").exists()
+    last = done.stderr.strip().splitlines()[-1]
+    assert "agent: 'broken' is unavailable" in last and "ModuleNotFoundError" in last
