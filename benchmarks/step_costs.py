@@ -28,7 +28,7 @@ from sac_spectral.agents import SAC, ReplayBuffer
 from sac_spectral.agents.networks import tanh_gaussian
 from sac_spectral.envs import EnvPool
 from sac_spectral.core.seeding import SeedStreams
-from sac_spectral.train import TrainConfig
+from sac_spectral.apps.rl.train import TrainConfig
 
 
 def cost(fn: Callable[[], object], repeats: int, n: int = 2000) -> float:

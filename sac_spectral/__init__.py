@@ -11,7 +11,7 @@ __all__ = ["load_policy"]
 
 def __getattr__(name: str):  # lazily: `import sac_spectral` stays light (no torch before the OpenMP setting)
     if name == "load_policy":
-        from sac_spectral.policy import load_policy
+        from sac_spectral.apps.rl.policy import load_policy
 
         return load_policy
     raise AttributeError(f"module 'sac_spectral' has no attribute '{name}'")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from sac_spectral.continual import ContinualConfig, ContinualRunner, main
+from sac_spectral.apps.continual.runner import ContinualConfig, ContinualRunner, main
 from sac_spectral.core.config import load_config, merge_sources, to_dict
 from sac_spectral.runs.checkpoint import load_checkpoint
 from sac_spectral.runs.cli import run_cli

@@ -7,7 +7,7 @@ import pytest
 from conftest import SMALL
 
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.train import main
+from sac_spectral.apps.rl.train import main
 
 
 @pytest.mark.slow

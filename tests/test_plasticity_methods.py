@@ -527,9 +527,9 @@ def test_load_policy_acts_with_an_injected_actors_frozen_branches(tmp_path):
     import numpy as np
     from conftest import SMALL
 
-    from sac_spectral.policy import load_policy, play_episodes
+    from sac_spectral.apps.rl.policy import load_policy, play_episodes
     from sac_spectral.runs.cli import run_cli
-    from sac_spectral.train import main
+    from sac_spectral.apps.rl.train import main
 
     rd = tmp_path / "injected"
     assert run_cli(main, [*SMALL, "env=dmc:cartpole-balance", "action_repeat=4", "total_steps=200", "random_steps=100",

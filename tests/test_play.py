@@ -18,12 +18,12 @@ from conftest import SMALL
 
 from sac_spectral.core.config import ConfigError
 from sac_spectral.envs.evaluate import eval_seed
-from sac_spectral.policy import load_policy, play_episodes
+from sac_spectral.apps.rl.policy import load_policy, play_episodes
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
 from sac_spectral.runs.video import library_loads
-from sac_spectral.train import main as train_main
+from sac_spectral.apps.rl.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 # 250 agent steps per episode (DMC's 1000 at action repeat 4); two seeds to test seed_index
@@ -115,7 +115,7 @@ def test_load_policy_refuses_what_it_cannot_load(run_dir, tmp_path):
 
 
 def test_load_policy_maps_the_checkpoint_and_keeps_only_the_actor(run_dir, monkeypatch):
-    import sac_spectral.policy as policy_module
+    import sac_spectral.apps.rl.policy as policy_module
 
     seen = {}
     real = policy_module.load_checkpoint
@@ -144,7 +144,7 @@ def test_load_policy_maps_the_checkpoint_and_keeps_only_the_actor(run_dir, monke
     ],
 )
 def test_play_bad_input_is_one_line_and_exit_2(run_dir, tmp_path, capsys, args, fragment):
-    from sac_spectral.play import main
+    from sac_spectral.apps.rl.play import main
 
     argv = [a.format(run=run_dir, tmp=tmp_path) for a in args]
     assert run_cli(main, argv) == 2
@@ -384,7 +384,7 @@ def test_act_refuses_observations_that_are_not_finite_float32(run_dir):
 
 def test_play_starts_at_once_however_many_episodes(run_dir, monkeypatch, capsys):
     """Reset seeds are drawn per episode: a billion episodes print their first lines at once."""
-    import sac_spectral.play as play_module
+    import sac_spectral.apps.rl.play as play_module
 
     class Stop(Exception):
         pass

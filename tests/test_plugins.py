@@ -127,7 +127,7 @@ def test_asking_for_a_broken_plugins_kind_is_a_one_line_error_that_says_why(brok
 
 EVIL = """
 import dataclasses
-from sac_spectral.rl_kind import KIND as BUILT_IN
+from sac_spectral.apps.rl.kind import KIND as BUILT_IN
 
 KIND = dataclasses.replace(BUILT_IN, title="EVIL", runner="evil.run")
 ALIAS = dataclasses.replace(KIND, name="train")
@@ -145,7 +145,7 @@ def test_a_plugin_cannot_replace_a_built_in_kind(tmp_path):
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: sac_spectral.run_kinds")]
     assert len(warnings) == 2 and "Traceback" not in done.stderr, done.stderr
     clash = next(line for line in warnings if "'train' of" in line)
-    assert "evil_mod:KIND (package evil 0.1)" in clash and "built-in sac_spectral.rl_kind:KIND" in clash
+    assert "evil_mod:KIND (package evil 0.1)" in clash and "built-in sac_spectral.apps.rl.kind:KIND" in clash
     alias = next(line for line in warnings if "'alias'" in line)
     assert "evil_mod:ALIAS (package evil 0.1)" in alias and "named 'train', not 'alias'" in alias
 

@@ -13,14 +13,14 @@ import pytest
 import yaml
 from conftest import SMALL, TOY_ID
 
-from sac_spectral.continual import main as continual_main
+from sac_spectral.apps.continual.runner import main as continual_main
 from sac_spectral.runs.cli import run_cli
-from sac_spectral.rl_kind import COLUMNS as RL_COLUMNS
+from sac_spectral.apps.rl.kind import COLUMNS as RL_COLUMNS
 from sac_spectral.runs.evals import append_rows, read_evals
 from sac_spectral.runs.kinds import RunKind, config_header, get_kind, kind_names, register_kind
 from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.studies import report, results
-from sac_spectral.train import main as train_main
+from sac_spectral.apps.rl.train import main as train_main
 
 rliable_library = pytest.importorskip("rliable.library")
 from rliable import metrics  # noqa: E402
@@ -295,7 +295,8 @@ def test_merged_sweeps_name_a_baseline_by_its_method(tmp_path, capsys):
 
 def test_report_modules_import_without_torch_or_runners():
     code = ("import sys, sac_spectral.studies.report; "
-            "bad = [m for m in ('torch', 'sac_spectral.train', 'sac_spectral.continual', 'sac_spectral.diagnose', "
+            "bad = [m for m in ('torch', 'sac_spectral.apps.rl.train', 'sac_spectral.apps.continual.runner', "
+            "'sac_spectral.apps.rl.diagnose', "
             "'sac_spectral.studies.sweep') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 

@@ -14,7 +14,7 @@ from sac_spectral.core.config import load_config
 from sac_spectral.core.nets import ACTIVATIONS, BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.train import TrainConfig
+from sac_spectral.apps.rl.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -135,9 +135,9 @@ def test_a_td3_run_plays_back_its_last_evaluation_and_its_policy_is_deterministi
 
     from conftest import SMALL
     from sac_spectral.envs.evaluate import eval_seed
-    from sac_spectral.policy import load_policy, play_episodes
+    from sac_spectral.apps.rl.policy import load_policy, play_episodes
     from sac_spectral.runs.cli import run_cli
-    from sac_spectral.train import main
+    from sac_spectral.apps.rl.train import main
 
     rd = tmp_path / "td3"
     assert run_cli(main, [*SMALL, "agent=td3", "env=dmc:cartpole-balance", "action_repeat=4", "total_steps=300",

@@ -14,7 +14,7 @@ from conftest import SMALL
 from sac_spectral.runs.checkpoint import load_checkpoint
 
 from sac_spectral.runs.layout import CHECKPOINT
-from sac_spectral.train import main
+from sac_spectral.apps.rl.train import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = SMALL + ["random_steps=200", "eval_every=600", "log_every=100", "buffer_size=5000"]
@@ -271,7 +271,7 @@ def test_training_rates_leave_out_evaluation_time(tmp_path, monkeypatch):
     updates/s are those of the milliseconds: evaluations do not count as training time."""
     import types
 
-    from sac_spectral import train
+    from sac_spectral.apps.rl import train
 
     clock = [0.0]
 
@@ -314,7 +314,7 @@ class _StopWhen:
 def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_path, capsys):
     from sac_spectral.core.config import load_config
     from sac_spectral.runs.run import Run
-    from sac_spectral.train import PRIMING_CHUNK, TrainConfig, Trainer
+    from sac_spectral.apps.rl.train import PRIMING_CHUNK, TrainConfig, Trainer
 
     common = FAST + ["random_steps=150", "priming.transitions=150", f"priming.updates={2 * PRIMING_CHUNK + 300}",
                      "total_steps=400", "diagnostics.every=1000", "diagnostics.batch_size=32"]
@@ -399,7 +399,7 @@ def test_threads_0_follows_the_cores_left_idle_during_the_run(tmp_path, monkeypa
     finds two idle cores, from a start at one thread) and logs it as perf/threads."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    import sac_spectral.rl_run as rl_run
+    import sac_spectral.apps.rl.run as rl_run
     from sac_spectral.core.threads import ThreadWatch
 
     class TwoIdle(ThreadWatch):

@@ -49,7 +49,7 @@ def _builtin(point: EntryPoint) -> bool:
 
 
 def _origin(point: EntryPoint) -> str:
-    """``the built-in sac_spectral.rl_kind:KIND`` or ``the plug-in mod:KIND (package name 0.1)``."""
+    """``the built-in sac_spectral.apps.rl.kind:KIND`` or ``the plug-in mod:KIND (package name 0.1)``."""
     if _builtin(point):
         return f"the built-in {point.value}"
     version = point.dist.version if point.dist is not None else "?"

@@ -6,7 +6,7 @@ registers it in its distribution's metadata, in the entry-point group ``sac_spec
 (``pyproject.toml``)::
 
     [project.entry-points."sac_spectral.run_kinds"]
-    train = "sac_spectral.rl_kind:KIND"
+    train = "sac_spectral.apps.rl.kind:KIND"
 
 :func:`get_kind` finds every kind so declared by any installed distribution (this package's own
 ``train`` and ``continual``, or a user's), and :func:`register_kind` adds one in-process (a notebook

@@ -34,9 +34,9 @@ from sac_spectral.envs.evaluate import eval_seed
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.device import check_device
 from sac_spectral.core.seeding import derive_seed
-from sac_spectral.rl_run import check_format
+from sac_spectral.apps.rl.run import check_format
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
-from sac_spectral.rl_kind import KIND
+from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.runs.kinds import run_kind
 from sac_spectral.runs.layout import CHECKPOINT
 

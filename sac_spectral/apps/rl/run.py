@@ -16,7 +16,7 @@ import torch
 
 from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
 from sac_spectral.agents.plasticity import PlasticityProbes
-from sac_spectral.rl_kind import KIND
+from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
 from sac_spectral.envs import EnvPool, UnknownEnvError, make_env
 from sac_spectral.envs.evaluate import eval_env_seed

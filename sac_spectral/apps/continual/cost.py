@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from sac_spectral.continual import ContinualConfig, ContinualRunner
+from sac_spectral.apps.continual.runner import ContinualConfig, ContinualRunner
 from sac_spectral.core.config import to_dict
 
 
