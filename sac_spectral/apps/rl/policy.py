@@ -100,18 +100,20 @@ class Policy:
         self.reseed(derive_seed(self.seed, "play"))
 
     def _carry(self, cfg: TrainConfig, states: Sequence[dict[str, Any]], source: Path | None) -> list[Regularizer]:
-        """The actor's regularizers on the exported actor, in their checkpointed state: those that
-        change the actor's function beyond its weights (plasticity injection's frozen branches, by
-        forward hooks) act on the policy as they did in training; the others only hold state."""
-        if not states:
-            return []
-        regs = build_regularizers(self.net.actor, cfg.actor.regularizers, "actor.regularizers")
+        """The actor's regularizers whose state its forward reads (:meth:`~sac_spectral.regularizers.
+        Regularizer.traced_state`: plasticity injection's frozen branches, added by forward hooks),
+        rebuilt on the exported actor in their checkpointed state, so that they act on the policy
+        as they did in training; the others hold only training state and are left out."""
+        regs = build_regularizers(self.net.actor, cfg.actor.regularizers, "actor.regularizers") if states else []
+        kept = []
         try:
             for reg, state in zip(regs, states, strict=True):
-                reg.load_state_dict(state)
+                if reg.traced_state() is not None:
+                    reg.load_state_dict(state)
+                    kept.append(reg)
         except (KeyError, ValueError) as err:
             raise CheckpointError(f"checkpoint {source}: its actor's regularizer state does not fit: {one_line(err, 160)}") from None
-        return regs
+        return kept
 
     def __repr__(self) -> str:
         return (f"Policy({self.env_id}, seed {self.seed} (index {self.seed_index} of {self.members}), step {self.step}, "
