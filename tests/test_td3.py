@@ -149,3 +149,24 @@ def test_a_td3_run_plays_back_its_last_evaluation_and_its_policy_is_deterministi
     assert float(np.mean(returns)) == float(rows[0]["return"])
     obs = np.zeros(policy.obs_dim)
     assert np.array_equal(policy.act(obs), policy.act(obs)) and np.abs(policy.act(obs, deterministic=False)).max() <= 1
+
+
+def test_what_a_run_would_silently_never_do_is_said_and_its_directory_names_its_networks(tmp_path, capsys, monkeypatch):
+    """An actor delayed past the run's updates and an injection beyond them are warned of at the
+    start and kept in the summary; the run directory's name carries the critic's architecture."""
+    import json
+
+    from conftest import SMALL
+    from sac_spectral.runs.cli import run_cli
+    from sac_spectral.train import main
+
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(main, [*SMALL, "agent=td3", "td3.policy_delay=1e12", "critic.arch=bronet", "critic.hidden=[32, 32]",
+                          "env=dmc:cartpole-balance", "total_steps=120", "random_steps=100", "eval_every=0", "threads=1",
+                          "actor.regularizers=[{name: plasticity_injection, at_step: 500}]"]) == 0
+    (summary,) = (tmp_path / "runs").glob("*/summary.json")
+    assert "__td3+spectral+plasticity_injection+bronet__" in summary.parent.name
+    warnings = json.loads(summary.read_text())["warnings"]
+    assert any("td3.policy_delay=1000000000000 exceeds the run's 20 updates: the actor never trains" in w for w in warnings)
+    assert any("actor.regularizers[0] (plasticity_injection): at_step=500 lies beyond" in w for w in warnings)
+    assert "the actor never trains" in capsys.readouterr().err

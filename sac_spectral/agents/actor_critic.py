@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +21,7 @@ from sac_spectral.core.precision import full
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.sizes import ADAM_COPIES, FLOAT32
-from sac_spectral.regularizers import parameter_copies
+from sac_spectral.regularizers import acts_at, parameter_copies
 
 
 def member_generators(streams: SeedStreams | None, members: int) -> list[torch.Generator] | None:
@@ -92,6 +92,27 @@ class ActorCritic(Engine):
         losses, q = self.critic_losses(batch, noise[0])
         per_seed = losses.mean(dim=-1).sum(dim=1)
         return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
+
+    #: the config key of the updates between actor steps, for agents that delay them (TD3, REDQ, CrossQ)
+    actor_delay: ClassVar[str | None] = None
+
+    @classmethod
+    def run_warnings(cls, cfg: Any) -> list[str]:
+        """What a run of ``cfg`` would silently never do in its ``cfg.total_updates`` updates: an
+        actor whose delay exceeds them, an intervention whose ``at_step`` lies beyond them."""
+        updates, out = cfg.total_updates, []
+        if cls.actor_delay is not None:
+            section, key = cls.actor_delay.split(".")
+            delay = getattr(getattr(cfg, section), key)
+            if updates and delay > updates:
+                out.append(f"{cls.actor_delay}={delay} exceeds the run's {updates} updates: the actor never trains")
+        for net in ("actor", "critic"):
+            for i, spec in enumerate(getattr(cfg, net).regularizers):
+                at = acts_at(spec)
+                if updates and at is not None and at > updates:
+                    out.append(f"{net}.regularizers[{i}] ({spec['name']}): at_step={at} lies beyond the run's "
+                               f"{updates} updates: it never acts")
+        return out
 
     @classmethod
     def memory_estimate(cls, cfg: Any, obs_dim: int, act_dim: int) -> dict[str, float]:

@@ -71,6 +71,11 @@ class Agent(Protocol):
         """The trained networks of ``members`` seeds as built (for memory estimates), untrained."""
 
     @classmethod
+    def run_warnings(cls, cfg: Any) -> list[str]:
+        """One line per thing a run of ``cfg`` would silently never do (told at the start, kept in
+        the summary)."""
+
+    @classmethod
     def memory_estimate(cls, cfg: Any, obs_dim: int, act_dim: int) -> dict[str, float]:
         """Bytes a run of ``cfg`` allocates, by part (for the check before anything is built)."""
 

@@ -207,6 +207,9 @@ def run_tag(cfg: TrainConfig) -> str:
     tag = "+".join(dict.fromkeys(names)) or cfg.agent
     if names and cfg.agent != "sac":
         tag = f"{cfg.agent}+{tag}"
+    archs = dict.fromkeys(arch for arch in (cfg.critic.arch, cfg.actor.arch) if arch != "mlp")
+    if archs:
+        tag += "+" + "+".join(archs)
     if cfg.priming.updates:
         tag += "+primed"
     return f"{tag}+resets" if cfg.resets.every or cfg.resets.at else tag

@@ -162,6 +162,7 @@ class CrossQ(SAC):
     """``len(seeds)`` independent CrossQ agents in member-batched networks."""
 
     compiles = False
+    actor_delay = "crossq.policy_delay"
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams, device)

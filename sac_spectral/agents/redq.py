@@ -57,6 +57,7 @@ class REDQ(SAC):
     """``len(seeds)`` independent REDQ agents in member-batched networks."""
 
     noise_rows = 3
+    actor_delay = "redq.policy_delay"
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams, device)

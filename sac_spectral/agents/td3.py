@@ -67,6 +67,8 @@ class TD3Config:
 class TD3(ActorCritic):
     """``len(seeds)`` independent TD3 agents in member-batched networks."""
 
+    actor_delay = "td3.policy_delay"
+
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
                  device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)

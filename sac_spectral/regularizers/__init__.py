@@ -15,6 +15,7 @@ from sac_spectral.regularizers.plasticity_injection import PlasticityInjection
 from sac_spectral.regularizers.redo import ReDo
 from sac_spectral.regularizers.registry import (
     REGISTRY,
+    acts_at,
     build_regularizers,
     parameter_copies,
     register,
@@ -28,5 +29,5 @@ from sac_spectral.regularizers.wasserstein_init import WassersteinInit
 
 __all__ = [
     "CBP", "L2", "L2Init", "NaP", "Parseval", "PlasticityInjection", "REGISTRY", "ReDo", "Regularizer", "Reset", "ShrinkPerturb", "Spectral",
-    "SpectralNorm", "WassersteinInit", "build_regularizers", "parameter_copies", "penalized_step", "register", "regularized_step", "validate_specs",
+    "SpectralNorm", "WassersteinInit", "acts_at", "build_regularizers", "parameter_copies", "penalized_step", "register", "regularized_step", "validate_specs",
 ]

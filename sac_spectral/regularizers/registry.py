@@ -52,6 +52,15 @@ def _lookup(spec: Mapping[str, Any], key: str) -> tuple[type[Regularizer], dict[
     return cls, kwargs
 
 
+def acts_at(spec: Mapping[str, Any]) -> int | None:
+    """The update at which the one-off intervention of config entry ``spec`` acts (its ``at_step``,
+    given or its default); ``None`` for every other regularizer."""
+    cls = REGISTRY.get(spec.get("name"))
+    if cls is None or "at_step" not in hyperparameters(cls):
+        return None
+    return int(spec.get("at_step", inspect.signature(cls.__init__).parameters["at_step"].default))
+
+
 def parameter_copies(specs: Sequence[Mapping[str, Any]]) -> int:
     """Copies of a network's parameters that the regularizers of config entries ``specs`` keep."""
     return sum(REGISTRY[s["name"]].parameter_copies for s in specs if s.get("name") in REGISTRY)

@@ -53,7 +53,8 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Agent, ReplayBuffer, int]:
                           "every task end, and every diagnostics_every iterations)")
     source = run_dir / (CHECKPOINT if isinstance(saved, dict) else CONFIG_FILE)
     try:
-        cfg = merge_sources(TrainConfig, {**saved, "device": "cpu"} if isinstance(saved, dict) else data)
+        # measured on the CPU, in fp32 (as training measures them): a bf16 run loads on a CPU without bf16
+        cfg = merge_sources(TrainConfig, {**(saved if isinstance(saved, dict) else data), "device": "cpu", "precision": "fp32"})
     except ConfigError as err:
         raise ConfigError(f"the config in {source}: {err}") from None
     cfg.device = "cpu"

@@ -192,7 +192,8 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
         raise CheckpointError(f"checkpoint {path}: {err}") from None
     try:
         saved = dict(state["config"])
-        saved["device"] = "cpu"  # where it trained does not matter here
+        saved["device"] = "cpu"  # where it trained does not matter here,
+        saved["precision"] = "fp32"  # nor bf16 (acting never used it): a bf16 run loads on a CPU without bf16
         cfg = merge_sources(TrainConfig, saved)
         modules = state["agent"]["modules"]
         actor_state = {k[len(_ACTOR):]: v.clone() for k, v in modules.items() if k.startswith(_ACTOR)}

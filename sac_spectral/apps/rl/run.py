@@ -143,6 +143,7 @@ class RLRun:
         self.streams = SeedStreams(self.seeds, self.device)
         #: told at the start of training and recorded in the summary
         self.warnings = [w for w in (fall_back_to_eager(cfg, self.device), no_updates(cfg)) if w is not None]
+        self.warnings += agent_class(cfg.agent).run_warnings(cfg)
         self.agent = build_agent(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
         self.plasticity = PlasticityProbes(self.agent, self.seeds)  # θ₀: before a resume loads its state
         self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device)
