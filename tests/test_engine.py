@@ -109,7 +109,9 @@ def test_compiled_and_blocks_equal_eager_for_every_intervention(cls, interventio
     comp, comp_infos, comp_seen = _train(cls, _config(name, intervention, compile=True, compile_block=3))
     assert comp.num_updates == eager.num_updates == 9
     assert comp_seen.pop("before_last") == eager_seen.pop("before_last") == [2]
-    assert comp_seen == eager_seen and all(v == list(range(1, 10)) for v in eager_seen.values())
+    assert comp_seen == eager_seen
+    for key, seen in eager_seen.items():  # after the network's own steps (TD3's, REDQ's actor: delayed)
+        assert seen == [u for u in range(1, 10) if key.split("/")[0] in {step.net for step in eager.steps(u)}]
     assert comp._block_size(3) == (3 if intervention == "none" else 1)
     _assert_equal(comp, eager, comp_infos, eager_infos)
     if intervention == "none":
@@ -118,7 +120,7 @@ def test_compiled_and_blocks_equal_eager_for_every_intervention(cls, interventio
     resumed.load_full_state_dict(copy.deepcopy(comp.full_state_dict()))  # as a checkpoint file: no shared tensors
     g = torch.Generator().manual_seed(1)
     batch = {k: v.transpose(0, 1)[0] for k, v in _buffer(2).gather(torch.randint(64, (2, 1, 16), generator=g)).items()}
-    noise = torch.randn(2, 2, 16, 2, generator=g)
+    noise = torch.randn(eager.noise_rows, 2, 16, 2, generator=g)
     _assert_equal(resumed, eager, [resumed.update(batch, noise)], [eager.update(batch, noise)])
 
 

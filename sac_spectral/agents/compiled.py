@@ -129,7 +129,7 @@ def _argument_guards(guards: Sequence[Any]) -> list[bool]:
     """Keep the guards on the programs' arguments (steps, batch, noise, the regularizers with
     penalties, Adam state and hyperparameters) and drop those on the agent (``self``) and globals: the agent's structure,
     configuration and parameter tensors (written in place, never replaced) are fixed for the life
-    of its :class:`CompiledUpdate`, and checking some 800 guards on them cost ≈ 0.5 ms per call."""
+    of its :class:`Compiled` backend, and checking some 800 guards on them cost ≈ 0.5 ms per call."""
     return [not (g.is_global or g.name == "self" or g.name.startswith("self.")) for g in guards]
 
 
