@@ -105,3 +105,10 @@ SMALL = [
     "progress=false",
     "eval_episodes=1",
 ]
+
+
+def reference_batch(b: int, obs: int, act: int) -> dict:
+    """One seed's ``[1, b, ·]`` transitions from torch's global generator, for the tests of an
+    agent's update against a reference written from its paper (a fifth of them terminal)."""
+    return {"obs": torch.randn(1, b, obs), "action": torch.rand(1, b, act) * 2 - 1, "reward": torch.randn(1, b),
+            "next_obs": torch.randn(1, b, obs), "terminated": (torch.rand(1, b) < 0.2).float()}

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import reference_batch
 from sac_spectral.agents import AGENTS, TD3, build_agent
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
@@ -91,8 +92,7 @@ def test_update_equals_the_papers_equations_after_three_updates():
     agent = TD3(OBS, ACT, cfg, SeedStreams([3]))
     ref = Reference(agent, cfg)
     for _ in range(3):
-        batch = {"obs": torch.randn(1, B, OBS), "action": torch.rand(1, B, ACT) * 2 - 1, "reward": torch.randn(1, B),
-                 "next_obs": torch.randn(1, B, OBS), "terminated": (torch.rand(1, B) < 0.2).float()}
+        batch = reference_batch(B, OBS, ACT)
         noise = torch.randn(2, 1, B, ACT)
         agent.update(batch, noise)
         ref.update(*(batch[k][0] for k in ("obs", "action", "reward", "next_obs", "terminated")), noise[0, 0])

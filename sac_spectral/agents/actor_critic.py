@@ -86,10 +86,15 @@ class ActorCritic(Engine):
         """Per-example actor losses ``[N, B]`` (and an auxiliary ``[N, B]``)."""
         raise NotImplementedError
 
+    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """The TD losses and Q-values of an update (its noise ``[rows, N, B, A]``): :meth:`critic_losses`
+        with ``noise[0]`` for the next actions (REDQ and CrossQ also use their update's extras)."""
+        return self.critic_losses(batch, noise[0])
+
     def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
-        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses` (``noise[0]`` for the next actions);
-        metrics: per-seed critic loss and mean Q ``[N]``."""
-        losses, q = self.critic_losses(batch, noise[0])
+        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`update_td_losses`; metrics: per-seed critic loss
+        and mean Q ``[N]``."""
+        losses, q = self.update_td_losses(batch, noise)
         per_seed = losses.mean(dim=-1).sum(dim=1)
         return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
 

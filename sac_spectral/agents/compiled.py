@@ -101,20 +101,27 @@ def _never(*args: Any) -> bool:
     return False
 
 
+@functools.cache
+def _cpp_scheduling() -> type:
+    """Inductor's CPU scheduling class, imported once (not per program call, nor by eager runs)."""
+    from torch._inductor.codegen.cpp import CppScheduling
+
+    return CppScheduling
+
+
 @contextlib.contextmanager
 def _inductor_workarounds() -> Iterator[None]:
     """Inductor's CPU outer-loop fusion with local buffers fails (``KeyError: 'buf190'`` in
     ``try_outer_loop_fusion_with_local_buf``, torch 2.13) on the programs of residual LayerNorm
     networks with a penalty (BroNet, SimBa with the spectral regularizer): it is off while a
     program runs, so for the programs' compiles alone."""
-    from torch._inductor.codegen.cpp import CppScheduling
-
-    original = CppScheduling.can_fuse_vertical_outer_loop
-    CppScheduling.can_fuse_vertical_outer_loop = _never
+    scheduling = _cpp_scheduling()
+    original = scheduling.can_fuse_vertical_outer_loop
+    scheduling.can_fuse_vertical_outer_loop = _never
     try:
         yield
     finally:
-        CppScheduling.can_fuse_vertical_outer_loop = original
+        scheduling.can_fuse_vertical_outer_loop = original
 
 
 def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -202,10 +202,9 @@ class CrossQ(SAC):
         target = batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q.amin(dim=1) - alpha * next_logp)
         return (q - target.unsqueeze(1)).square(), q
 
-    def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
-        losses, q = self.critic_losses(batch, noise[0], update=True)
-        per_seed = losses.mean(dim=-1).sum(dim=1)
-        return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
+    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """The TD losses of the joint forward with batch statistics, moving the running ones."""
+        return self.critic_losses(batch, noise[0], update=True)
 
     def steps(self, update: int) -> list[NetStep]:
         """The critic step; every ``policy_delay``-th update also the actor and temperature step."""

@@ -83,12 +83,9 @@ class REDQ(SAC):
         q = self.q_values(self.critic, batch["obs"], batch["action"])
         return (q - target.unsqueeze(1)).square(), q
 
-    def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
-        """SAC's critic step on the target of this update's subset (``noise[2]``)."""
-        subset = random_subset(noise[2], self.cfg.redq.num_min, self.num_critics)
-        losses, q = self.critic_losses(batch, noise[0], subset)
-        per_seed = losses.mean(dim=-1).sum(dim=1)
-        return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
+    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """The TD losses on the target of this update's subset (``noise[2]``)."""
+        return self.critic_losses(batch, noise[0], random_subset(noise[2], self.cfg.redq.num_min, self.num_critics))
 
     def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic
