@@ -12,11 +12,12 @@ from typing import Any
 
 from sac_spectral.agents.base import AGENTS, agent_class, agent_sections
 from sac_spectral.agents.probes import DiagnosticsConfig
-from sac_spectral.core.config import at_least, check, option, section
+from sac_spectral.core.config import ConfigError, at_least, check, option, section
 from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS
 from sac_spectral.core.precision import BF16_FLAGS, PRECISIONS, cpu_bf16
 from sac_spectral.core.residual import ARCHS
+from sac_spectral.envs.tasks import Task, TaskError, TaskSequence, parse_tasks
 from sac_spectral.regularizers import validate_specs
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
@@ -135,13 +136,38 @@ class PrimingConfig:
         check(self.updates == 0 or self.transitions >= 1, "transitions", "must be >= 1 when priming.updates > 0")
 
 
+SWITCH_BUFFER = ("keep", "clear")
+SWITCH_OPTIMIZER = ("keep", "reset")
+
+
+@dataclass
+class SwitchConfig:
+    """What happens to the agent at a task switch (after the ended stage's evaluations)."""
+
+    buffer: str = option("keep", f"the replay buffer: {' | '.join(SWITCH_BUFFER)} (after a clear, the stage warms up as the run began: random_steps uniform actions, then updates)")
+    reset: str = option("none", "re-draw the networks: none | all | last:<k> (the last k levels, as resets.last_layers counts)")
+    optimizer: str = option("keep", f"the optimizers' moments: {' | '.join(SWITCH_OPTIMIZER)}")
+
+    def layers(self) -> int | None | bool:
+        """The levels a switch re-draws (``None``: all), or False for none."""
+        return False if self.reset == "none" else None if self.reset == "all" else int(self.reset.split(":")[1])
+
+    def validate(self) -> None:
+        check(self.buffer in SWITCH_BUFFER, "buffer", f"'{self.buffer}' is not one of {', '.join(SWITCH_BUFFER)}")
+        check(self.optimizer in SWITCH_OPTIMIZER, "optimizer", f"'{self.optimizer}' is not one of {', '.join(SWITCH_OPTIMIZER)}")
+        last = self.reset.split(":")
+        check(self.reset in ("none", "all") or (len(last) == 2 and last[0] == "last" and last[1].isdigit() and int(last[1]) >= 1),
+              "reset", f"'{self.reset}' is not one of none, all, last:<k> (k >= 1)")
+
+
 @dataclass
 class TrainConfig(SACConfig):
     agent: str = option("sac", "the agent: a registered name (sac, td3, or one your code registers)")
     env: str = option("dmc:cheetah-run", "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
     seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
     num_seeds: int = option(1, "independent agents trained together as members of batched networks")
-    total_steps: int = option(100_000, "env steps: actions of the agent (each advances the simulator action_repeat times)")
+    total_steps: int = option(100_000, "env steps: actions of the agent (each advances the simulator action_repeat times); "
+                                          "with tasks: stages x steps_per_task")
     replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
     batch_size: int = option(256, "transitions per gradient update")
     buffer_size: int = option(1_000_000, "replay capacity per seed")
@@ -157,6 +183,12 @@ class TrainConfig(SACConfig):
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle, re-chosen every 10 s)")
     progress: bool = option(True, "show a progress bar")
+    tasks: list[dict[str, Any]] = option([], "continual RL: the stages' tasks in order, e.g. [{env: dmc:walker-walk}, "
+                                                 "{env: dmc:walker-run, dynamics: {friction: 0.5}, permute_obs: true}] "
+                                                 "(docs/continual_rl.md); [] = one task, env")
+    steps_per_task: int = option(0, "with tasks: env steps per stage (total_steps becomes stages x steps_per_task)")
+    cycles: int = option(1, "with tasks: how many times the sequence runs")
+    on_switch: SwitchConfig = section(SwitchConfig, "with tasks: what a task switch does to the buffer, networks and optimizers")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
     diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
@@ -165,6 +197,7 @@ class TrainConfig(SACConfig):
 
     def validate(self) -> None:
         super().validate()
+        self._resolve_tasks()
         at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every")
         at_least(self, 0, "random_steps", "eval_every", "video_every", "checkpoint_every", "threads")
         check(not self.video_every or (self.eval_every and self.video_every % self.eval_every == 0), "video_every",
@@ -187,14 +220,43 @@ class TrainConfig(SACConfig):
               f"agent '{self.agent}' has no compiled update; use compile=false (agents with one: "
               f"{', '.join(n for n, a in sorted(AGENTS.items()) if a.compiles)})")
 
+    def _resolve_tasks(self) -> None:
+        """With ``tasks``: each task's env and name written out, ``env`` the first task's and
+        ``total_steps`` the sequence's length."""
+        if not self.tasks:
+            return
+        at_least(self, 1, "steps_per_task", "cycles")
+        try:
+            tasks = parse_tasks(self.tasks, self.env)
+        except TaskError as err:
+            raise ConfigError(str(err)) from None
+        self.tasks = [{**raw, "env": t.env, "name": t.name} for raw, t in zip(self.tasks, tasks)]
+        self.env, self.total_steps = tasks[0].env, len(tasks) * self.cycles * self.steps_per_task
+
+    def sequence(self) -> TaskSequence:
+        """The run's stages: its ``tasks`` × ``cycles``, or its one env for all ``total_steps``."""
+        if not self.tasks:
+            return TaskSequence([Task(self.env, self.env)], self.total_steps)
+        return TaskSequence(parse_tasks(self.tasks, self.env), self.steps_per_task, self.cycles)
+
     def updates_by(self, step: int) -> int:
         """Updates the replay ratio owes after ``step`` env steps (priming updates are extra)."""
         return math.floor(max(0, step - self.random_steps) * self.replay_ratio + 1e-9)
 
+    def warmup_updates(self, stage: int) -> int:
+        """The updates that stage ``stage`` (≥ 1) of a sequence forgoes to warm up again after a
+        cleared buffer (``random_steps`` into it, at most the whole stage)."""
+        if stage < 1 or self.on_switch.buffer != "clear":
+            return 0
+        start = stage * self.steps_per_task
+        return self.updates_by(start + min(self.random_steps, self.steps_per_task)) - self.updates_by(start)
+
     @property
     def total_updates(self) -> int:
-        """Every update of the run: the replay ratio's over ``total_steps`` plus priming's."""
-        return self.updates_by(self.total_steps) + self.priming.updates
+        """Every update of the run: the replay ratio's over ``total_steps`` plus priming's, less the
+        warm-ups of a sequence's stages after a cleared buffer."""
+        stages = len(self.tasks) * self.cycles if self.tasks else 1
+        return self.updates_by(self.total_steps) + self.priming.updates - sum(map(self.warmup_updates, range(1, stages)))
 
 
 def seed_label(seeds: Sequence[int]) -> str:

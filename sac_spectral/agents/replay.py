@@ -53,6 +53,10 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
+    def clear(self) -> None:
+        """Forget every transition (a task switch with ``on_switch.buffer=clear``)."""
+        self.ptr = self.size = 0
+
     def add(
         self,
         obs: Tensor | np.ndarray,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -25,15 +27,21 @@ class Transition:
 
 
 class EnvPool:
-    """``len(seeds)`` envs of one id; env ``i`` is built and first reset with ``seeds[i]``."""
+    """``len(seeds)`` envs of one id; env ``i`` is built and first reset with ``seeds[i]`` (or the
+    ``envs`` given, already seeded)."""
 
-    def __init__(self, env_id: str, seeds: list[int], action_repeat: int = 1) -> None:
-        self.envs = [make_env(env_id, s, action_repeat) for s in seeds]
-        self.obs = np.stack([e.reset()[0] for e in self.envs])
-        self.returns = np.zeros(len(seeds))
-        self.lengths = np.zeros(len(seeds), dtype=np.int64)
+    def __init__(self, env_id: str, seeds: list[int], action_repeat: int = 1, envs: Sequence[gym.Env] | None = None) -> None:
+        self.replace(list(envs) if envs is not None else [make_env(env_id, s, action_repeat) for s in seeds])
         self.obs_dim = int(self.obs.shape[1])
         self.act_dim = int(self.envs[0].action_space.shape[0])
+
+    def replace(self, envs: list[gym.Env]) -> None:
+        """Step ``envs`` from now on, each from a new episode (a task switch: the episodes under
+        way end untold)."""
+        self.envs = envs
+        self.obs = np.stack([e.reset()[0] for e in self.envs])
+        self.returns = np.zeros(len(envs))
+        self.lengths = np.zeros(len(envs), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.envs)

@@ -51,9 +51,29 @@ def append_rows(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, 
         f.write("".join(",".join(_cell(row.get(c)) for c in columns) + "\n" for row in rows))
 
 
-def read_evals(run_dir: Path) -> list[dict[str, int | float | None]]:
-    """The rows of ``<run_dir>/evals.csv`` ([] if there is none), numbers parsed, a cut-off last
-    line skipped."""
+#: columns whose cells may be names (a task sequence's tasks) rather than numbers
+TEXT_COLUMNS = ("task",)
+
+
+def _value(cell: str | None, text: bool) -> int | float | str | None:
+    """A cell's number (an int where written from one), or None if empty or missing (a row of
+    fewer columns); a ``text`` column's cell that is no number stays text, elsewhere it is a
+    ``ValueError``."""
+    if cell is None or cell == "":
+        return None
+    if INTEGER.match(cell):
+        return int(cell)
+    try:
+        return float(cell)
+    except ValueError:
+        if text:
+            return cell
+        raise
+
+
+def read_evals(run_dir: Path) -> list[dict[str, int | float | str | None]]:
+    """The rows of ``<run_dir>/evals.csv`` ([] if there is none), numbers parsed (the names in
+    :data:`TEXT_COLUMNS` kept), a cut-off last line skipped."""
     path = Path(run_dir) / EVALS
     if not path.is_file():
         return []
@@ -62,5 +82,5 @@ def read_evals(run_dir: Path) -> list[dict[str, int | float | None]]:
         text = text[: text.rfind("\n") + 1]
     rows = []
     for raw in csv.DictReader(text.splitlines()):
-        rows.append({k: None if v == "" else int(v) if INTEGER.match(v) else float(v) for k, v in raw.items()})
+        rows.append({k: _value(v, k in TEXT_COLUMNS) for k, v in raw.items()})
     return rows

@@ -52,6 +52,10 @@ class RunKind:
     and its per-evaluation figure). ``config`` and ``cost`` name (``module:attribute``, imported only
     when needed, as they bring torch) the run config class and the dry run's cost function
     ``cost(cfg, model) -> (units, seconds)`` (``model``: :class:`~sac_spectral.studies.cost.CostModel`).
+    ``curve_rows(rows, config)`` keeps the rows a run's curve is made of (an RL task sequence's: the
+    task each stage trains, where every task is evaluated at a switch); ``stages(rows, config)``
+    measures a task sequence per seed (final return over tasks, forgetting, plasticity per stage:
+    :func:`~sac_spectral.apps.rl.stages.stage_metrics`), ``None`` for other runs.
     """
 
     name: str
@@ -73,6 +77,8 @@ class RunKind:
     scale: Callable[[Mapping[str, Any]], float | None]
     history: Callable[[Mapping[str, Any]], list[Row]]
     names_run: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+    curve_rows: Callable[[list[Row], Mapping[str, Any]], list[Row]] = lambda rows, config: rows
+    stages: Callable[[list[Row], Mapping[str, Any]], dict[str, Any] | None] = lambda rows, config: None
 
     def load(self, attribute: str) -> Any:
         """The object that ``config`` or ``cost`` names."""

@@ -24,7 +24,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LEGEND_INSIDE = 6
 
 
-def _colors(methods: Sequence[str]) -> dict[str, Any]:
+def method_colors(methods: Sequence[str]) -> dict[str, Any]:
     """A colour per method: tab10, or tab20 (pairs of a dark and a light shade, so that no two of up
     to 20 methods share one) when there are more than 10; beyond 20 the palette repeats."""
     import matplotlib
@@ -216,7 +216,7 @@ def build_figures(al: Aligned, st: dict[str, Any], kind: RunKind, normalized: bo
     import matplotlib
 
     matplotlib.use("Agg")
-    colors = _colors(al.methods)
+    colors = method_colors(al.methods)
     xlabel, score = kind.x_label, kind.score_label if normalized else kind.raw_label
     figs = {"iqm_curves.png": iqm_curves(al, st, colors, xlabel, score),
             "per_task_curves.png": per_task_curves(al, st, colors, xlabel, score),

@@ -28,7 +28,7 @@ from scipy.stats import spearmanr
 from sac_spectral.core.config import ConfigError
 from sac_spectral.runs.kinds import RunKind
 from sac_spectral.runs.layout import CONFIG_FILE
-from sac_spectral.studies.figures import METRICS, PAIR, figures, padded
+from sac_spectral.studies.figures import METRICS, PAIR, figures, method_colors, padded
 from sac_spectral.studies.results import (
     Aligned,
     Study,
@@ -39,6 +39,7 @@ from sac_spectral.studies.results import (
     priming_predictors,
     read_mapping,
 )
+from sac_spectral.studies.sequences import Sequences, continual_figures, continual_section, read_sequences
 
 
 def aggregates(scores: np.ndarray) -> np.ndarray:
@@ -329,12 +330,13 @@ CAPTIONS = {
     "probability_of_improvement.png": "P(X > {baseline}) with 95 % CIs; right of 0.5 = X tends to beat the baseline",
     "performance_profile.png": "fraction of runs whose final score exceeds τ, with 95 % CI bands; a curve above another dominates it",
     "accuracy_per_task.png": "end-of-task train (and test) accuracy by task index, mean ± std over seeds",
+    "continual_tasks.png": "task sequences: each task over the whole run, its own stages shaded and the switches dashed",
 }
 
 
 def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, baseline: str, pngs: list[str],
                  reps: int, sources: Sequence[str], cautions: list[str], diagnostics: Sequence[str] = (),
-                 seed: int = 0) -> dict[str, Any]:
+                 seed: int = 0, seqs: Sequences | None = None) -> dict[str, Any]:
     """Write ``report.md`` and ``report.json``; returns what ``report.json`` holds."""
     metrics = list(METRICS) if study.normalized else list(METRICS[:3])
     data: dict[str, Any] = {"kind": study.kind.name, "score": _score_name(study), "tasks": al.tasks,
@@ -348,6 +350,8 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
     if study.kind.window > 1 and study.kind.test:
         lines += _first_last_section(al, study.kind, data)
     lines += _priming_section(study, data)
+    if seqs is not None:
+        lines += continual_section(seqs, lambda scores, func: interval_estimates(scores, func, reps, seed), data)
     if diagnostics:
         lines += _diagnostics_section(study, diagnostics, reps, seed, data, notes)
     lines += ["", "## What was cut or missing", ""]
@@ -414,8 +418,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     st = compute_statistics(al, study.kind, baseline, args.reps, args.seed)
     few = few_seeds(al)
     pngs = figures(al, st, study.kind, out, study.normalized, few and f"{few}: bootstrap CIs unreliable")
+    seqs = read_sequences(study)
+    pngs += continual_figures(seqs, method_colors(al.methods), out)
     cautions = report_warnings(study, al)
-    data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions, args.diagnostics, args.seed)
+    data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions, args.diagnostics, args.seed,
+                        seqs)
     for w in cautions:
         print(f"warning: {w}", file=sys.stderr)
     for m, d in data["methods"].items():

@@ -101,7 +101,7 @@ def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[RunK
     config = read_mapping(run_dir / CONFIG_FILE)
     kind, flat = get_kind(dir_kind(run_dir, config)), flatten(config)
     task = " ".join(str(flat[k]) for k in task_keys if k in flat)
-    rows = [r for r in _rows(run_dir, kind) if r.get(kind.score) is not None]
+    rows = [r for r in kind.curve_rows(_rows(run_dir, kind), config) if r.get(kind.score) is not None]
     scale = kind.scale(config)
     curves = []
     for seed in sorted({int(r["seed"]) for r in rows}):

@@ -68,6 +68,8 @@ def estimate_cost(cfg: TrainConfig, model: Any) -> tuple[int, float]:
     t_update = model.cached(update_key(cfg, obs_dim, act_dim), update_time)
     t_env = model.cached(["env", cfg.env, cfg.action_repeat], env_step_time)
     evals = 1 + (cfg.total_steps // cfg.eval_every + bool(cfg.total_steps % cfg.eval_every) if cfg.eval_every else 1)
+    if cfg.tasks:  # every task at each switch and at the end
+        evals += len(cfg.tasks) * len(cfg.tasks) * cfg.cycles
     episode = (env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000)
     env_steps = cfg.num_seeds * (cfg.total_steps + evals * cfg.eval_episodes * episode)
     updates = cfg.total_updates

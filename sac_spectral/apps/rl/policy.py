@@ -28,9 +28,10 @@ from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents import agent_class
 from sac_spectral.agents.base import actor_dims
 from sac_spectral.agents.engine import upgrade_state
-from sac_spectral.envs import UnknownEnvError, make_env, run_episode
+from sac_spectral.envs import UnknownEnvError, run_episode
 from sac_spectral.regularizers import Regularizer, build_regularizers
-from sac_spectral.envs.evaluate import eval_seed
+from sac_spectral.envs.evaluate import eval_env_seed, eval_seed
+from sac_spectral.envs.tasks import TaskError, stage_env
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.device import check_device
 from sac_spectral.core.seeding import derive_seed
@@ -87,7 +88,9 @@ class Policy:
                                   f"holds {self.members} member{'s' * (self.members > 1)}")
         _check_finite(actor_state, source)
         self.seed_index, self.seed = seed_index, cfg.seed + seed_index
-        self.env_id, self.action_repeat = cfg.env, cfg.action_repeat
+        #: the stage it last trained in (a plain run's one stage); its env is the one it plays
+        self.stage = cfg.sequence().stage_at(max(step - 1, 0))
+        self.env_id, self.action_repeat = self.stage.spec.env, cfg.action_repeat
         self.step, self.recorded, self.source = step, recorded, source
         self.device = torch.device(device)
         try:
@@ -141,11 +144,12 @@ class Policy:
     __call__ = act
 
     def make_env(self) -> gym.Env:
-        """An env built as the trainer builds this seed's evaluation env; a ``CheckpointError`` where
-        its spaces do not fit the actor."""
+        """An env built as the trainer builds this seed's evaluation env (of a task sequence: of the
+        stage it last trained in, its dynamics and permutations drawn as in training); a
+        ``CheckpointError`` where its spaces do not fit the actor."""
         try:
-            env = make_env(self.env_id, derive_seed(self.seed, "eval") % (2**31), self.action_repeat)
-        except UnknownEnvError as err:
+            env = stage_env(self.stage, self.seed, eval_env_seed(self.seed), self.action_repeat)
+        except (UnknownEnvError, TaskError) as err:
             raise ConfigError(f"env: {err}") from None
         obs_shape, act_shape = env.observation_space.shape, env.action_space.shape
         if obs_shape != (self.obs_dim,) or act_shape != (self.act_dim,):
@@ -213,8 +217,9 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
     del state, modules
     # checks the actor against the config
     policy = Policy(cfg, actor_state, seed_index, device, step, None, path, actor_regularizers)
-    if evals and int(evals[-1]["step"]) == step:
-        policy.recorded = Recorded(step, cfg.eval_episodes, float(evals[-1]["returns"][seed_index]))
+    scored = [e for e in evals if int(e["step"]) == step and e.get("task", policy.stage.spec.name) == policy.stage.spec.name]
+    if scored:
+        policy.recorded = Recorded(step, cfg.eval_episodes, float(scored[-1]["returns"][seed_index]))
     return policy
 
 

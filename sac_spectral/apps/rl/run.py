@@ -12,16 +12,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
 from sac_spectral.agents.plasticity import PlasticityProbes
 from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
-from sac_spectral.envs import EnvPool, UnknownEnvError, make_env
+from sac_spectral.envs import EnvPool, UnknownEnvError
 from sac_spectral.envs.evaluate import eval_env_seed
+from sac_spectral.envs.tasks import Stage, TaskError, stage_env
 from sac_spectral.core.config import ConfigError
-from sac_spectral.core.seeding import SeedStreams
+from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.core.threads import ThreadWatch
 from sac_spectral.runs.cli import recorded_config, set_torch_threads
 from sac_spectral.runs.layout import SUMMARY
@@ -130,13 +132,15 @@ class RLRun:
         gl_backend()  # a MUJOCO_GL that dm_control cannot import with is one line, not its traceback
         if cfg.video_every:
             use_offscreen_rendering()  # before the first dm_control env is made
+        self.sequence, self.step = cfg.sequence(), 0
+        self._eval_envs: dict[int, tuple[int, list[gym.Env]]] = {}  # task -> (stage, its envs per seed)
         try:
-            self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat)
-        except UnknownEnvError as err:
-            raise ConfigError(f"env: {err}") from None
+            self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat, envs=self.stage_envs(self.sequence.stages[0]))
+            self._check_shapes()
+        except (UnknownEnvError, TaskError) as err:
+            raise ConfigError(f"{'tasks' if cfg.tasks else 'env'}: {err}") from None
         check_fits(agent_class(cfg.agent).memory_estimate(cfg, self.pool.obs_dim, self.pool.act_dim), self.device,
                    "buffer_size, batch_size, replay_ratio, num_seeds or the hidden widths")
-        self.eval_envs = [make_env(cfg.env, eval_env_seed(s), cfg.action_repeat) for s in self.seeds]
         if cfg.video_every:  # fail now, not at the first video, where the env or OpenGL cannot render
             self.eval_envs[0].reset(seed=eval_env_seed(self.seeds[0]))
             render(self.eval_envs[0])
@@ -147,7 +151,8 @@ class RLRun:
         self.agent = build_agent(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
         self.plasticity = PlasticityProbes(self.agent, self.seeds)  # θ₀: before a resume loads its state
         self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device)
-        self.step = self.primed = self.diagnosed = self.last_reset = 0
+        self.step = self.primed = self.diagnosed = self.last_reset = self.skipped = 0
+        self.switches: list[dict[str, Any]] = []  # per task switch: its step, the stage ended, diagnostics
         self.evals: list[dict[str, Any]] = []
         self.random_return: list[float] | None = None
         self.priming_report: dict[str, dict[str, list[float]]] = {}
@@ -157,6 +162,39 @@ class RLRun:
         self.run_dir: Path | None = None
         self.logger: RunLogger | None = None
         self.postfix: dict[str, str] = {}
+
+    # ----------------------------------------------------------------------------- stages
+    def stage_envs(self, stage: Stage) -> list[gym.Env]:
+        """The training envs of ``stage``, one per seed (stage 0's seeded as a plain run's)."""
+        return [stage_env(stage, s, s if stage.index == 0 else derive_seed(s, f"stage/{stage.index}/env") % 2**31,
+                          self.cfg.action_repeat) for s in self.seeds]
+
+    def stage(self) -> Stage:
+        """The stage the agent trains in: at a switch step, the one that just ended."""
+        return self.sequence.stage_at(max(self.step - 1, 0))
+
+    def eval_envs_of(self, task: int) -> list[gym.Env]:
+        """Evaluation envs of task ``task`` as its latest begun stage drew it (its first before)."""
+        stage = self.sequence.latest(task, max(self.step - 1, 0))
+        if self._eval_envs.get(task, (-1,))[0] != stage.index:
+            self._eval_envs[task] = (stage.index, [stage_env(stage, s, eval_env_seed(s), self.cfg.action_repeat) for s in self.seeds])
+        return self._eval_envs[task][1]
+
+    @property
+    def eval_envs(self) -> list[gym.Env]:
+        """Evaluation envs of the current task."""
+        return self.eval_envs_of(self.stage().task)
+
+    def _check_shapes(self) -> None:
+        """Every task's envs take the first task's observations and actions (built now: a config
+        that cannot run fails before its run directory exists)."""
+        for i, task in enumerate(self.sequence.tasks):
+            env = self.eval_envs_of(i)[0]
+            shapes = (env.observation_space.shape, env.action_space.shape)
+            if shapes != ((self.pool.obs_dim,), (self.pool.act_dim,)):
+                raise TaskError(f"task {task.name} ({task.env}) has observations {shapes[0]} and actions {shapes[1]}, the first "
+                                f"task ({self.sequence.tasks[0].env}) ({self.pool.obs_dim},) and ({self.pool.act_dim},); "
+                                "a sequence's tasks must share their shapes (tasks of one domain)")
 
     # ----------------------------------------------------------------------------- run directory
     def open_new(self) -> Path:
@@ -187,7 +225,7 @@ class RLRun:
         return self.step >= self.cfg.priming.transitions and self.primed < self.cfg.priming.updates
 
     # ----------------------------------------------------------------------------- state
-    _COUNTERS = ("step", "primed", "diagnosed", "last_reset")
+    _COUNTERS = ("step", "primed", "diagnosed", "last_reset", "skipped")
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -195,7 +233,7 @@ class RLRun:
             **{key: getattr(self, key) for key in self._COUNTERS},
             "agent": self.agent.full_state_dict(), "buffer": self.buffer.state_dict(),
             "streams": self.streams.state_dict(), "pool": self.pool.state_dict(), "torch_rng": torch.get_rng_state(),
-            "evals": self.evals, "random_return": self.random_return, "priming_report": self.priming_report,
+            "evals": self.evals, "switches": self.switches, "random_return": self.random_return, "priming_report": self.priming_report,
             "wall_time": self.wall_time,
         }
 
@@ -205,7 +243,9 @@ class RLRun:
             raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
                               f"give total_steps >= {int(state['step'])}")
         for key in self._COUNTERS:
-            setattr(self, key, int(state[key]))
+            setattr(self, key, int(state.get(key, 0)))  # "skipped": 0 in checkpoints from before task sequences
+        if self.sequence.stage_at(self.step).index > 0:
+            self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
         self.agent.load_full_state_dict(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
         self.streams.load_state_dict(state["streams"])
@@ -213,6 +253,7 @@ class RLRun:
             print("note: this env's state cannot be restored exactly; the resumed run starts a new episode", file=sys.stderr)
         torch.set_rng_state(state["torch_rng"])
         self.evals, self.random_return = list(state["evals"]), state["random_return"]
+        self.switches = list(state.get("switches", []))
         self.priming_report, self.wall_time = dict(state["priming_report"]), float(state["wall_time"])
 
     def finite(self) -> bool:

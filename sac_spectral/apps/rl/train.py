@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -22,6 +23,9 @@ from sac_spectral.agents import Agent, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.probes import DiagnosticsConfig, probe_batch, agent_diagnostics
 from sac_spectral.envs.evaluate import eval_seed, evaluate
+from sac_spectral.envs.tasks import Stage
+from sac_spectral.core.config import to_dict
+from sac_spectral.core.reinit import forget
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
@@ -113,13 +117,27 @@ def _trained(evaluation: dict[str, Any], cfg: TrainConfig) -> bool:
     return evaluation.get("updates", int(evaluation["step"] > cfg.random_steps)) > 0
 
 
+def eval_rows(evals: Sequence[dict[str, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """The evaluation history as ``evals.csv``'s rows (one per seed)."""
+    return [{**{k: e.get(k) for k in ("step", "task", "stage")}, "seed": s, "return": r}
+            for e in evals for s, r in zip(seeds, e["returns"])]
+
+
 def summary(t: Trainer) -> dict[str, Any]:
     """``summary.json`` of an RL run: final, best (null where no evaluation followed the first
     update) and random-policy returns (means and per seed), counts — ``steps`` are the agent's
     actions, ``simulator_steps`` those times ``action_repeat`` — and rates, the warnings of its
-    start, the evaluation history and the priming diagnostics."""
+    start, the evaluation history and the priming diagnostics. A task sequence's final return is
+    the average over its tasks, its best the current task's, and ``continual`` holds
+    :func:`~sac_spectral.apps.rl.stages.stage_metrics` and the diagnostics at each switch."""
+    current = [e for e in t.evals if e.get("task", t.cfg.env) == t.sequence.stage_at(max(e["step"] - 1, 0)).spec.name]
     finals = t.evals[-1]["returns"] if t.evals else [float("nan")] * len(t.seeds)
-    trained = [e["returns"] for e in t.evals if _trained(e, t.cfg)]  # evaluations during warm-up don't count
+    continual = None
+    measured = KIND.stages(eval_rows(t.evals, t.seeds), to_dict(t.cfg))
+    if measured is not None:
+        continual = {**measured, "switches": t.switches}
+        finals = [float("nan") if f is None else f for f in continual["final_average"]]
+    trained = [e["returns"] for e in current if _trained(e, t.cfg)]  # evaluations during warm-up don't count
     best = np.max(trained, axis=0).tolist() if trained else [None] * len(t.seeds)
     randoms = t.random_return or []
     return {
@@ -134,6 +152,7 @@ def summary(t: Trainer) -> dict[str, Any]:
                      for s, f, b, r in zip(t.seeds, finals, best, randoms)],
         "eval_history": t.evals,
         "priming": t.priming_report,
+        **({"continual": continual} if continual is not None else {}),
     }
 
 
@@ -181,9 +200,11 @@ class Trainer(RLRun):
             jobs=[
                 ("log", self._log_due, self._log),
                 ("diagnose", self._diagnosis_due, self._untimed(self._diagnose_now)),
-                ("evaluate", every(cfg.eval_every, end=cfg.total_steps), self._untimed(self._eval_and_log)),
+                ("evaluate", lambda step: every(cfg.eval_every, end=cfg.total_steps)(step) or self.sequence.is_switch(step),
+                 self._untimed(self._eval_and_log)),
                 ("video", every(cfg.video_every, end=cfg.total_steps if cfg.video_every else None), self._untimed(self._video)),
                 ("reset", lambda step: step < cfg.total_steps and self._reset_due(), self._reset),
+                ("switch", self.sequence.is_switch, self._switch),
                 ("threads", lambda step: self.thread_watch is not None and self.thread_watch.due(), self._rethread),
                 ("progress", lambda step: True, self._progress),
             ],
@@ -194,14 +215,22 @@ class Trainer(RLRun):
         """Priming when due, then the updates this step owes."""
         if self._priming_due():
             Priming(self, run).run()
-        n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
-        if n > 0 and self._log_due(self.step, n):  # the log at this step reports this step's last update
+        n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed) - self.skipped
+        if n > 0 and self.stage().index > 0 and self.step <= self._warmup_end(self.stage()):
+            self.skipped += n  # a stage after a cleared buffer warms up as the run began: no updates
+        elif n > 0 and self._log_due(self.step, n):  # the log at this step reports this step's last update
             self.last_info, self.update_metrics = self.plasticity.train_steps(self.buffer, n, self.cfg.batch_size)
         elif n > 0:
             self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
 
+    def _warmup_end(self, stage: Stage) -> int:
+        """The env step up to which ``stage`` acts uniformly at random without updates:
+        ``random_steps`` into the run, and into each stage that starts from a cleared buffer."""
+        cleared = stage.index > 0 and self.cfg.on_switch.buffer == "clear"
+        return stage.index * self.sequence.steps_per_task * cleared + self.cfg.random_steps
+
     def _act(self) -> np.ndarray:
-        if self.step < self.cfg.random_steps:
+        if self.step < self._warmup_end(self.sequence.stage_at(self.step)):
             return (self.streams.rand("act", (self.pool.act_dim,)) * 2.0 - 1.0).cpu().numpy()
         return self.agent.act(torch.as_tensor(self.pool.obs, device=self.device)).cpu().numpy()
 
@@ -215,20 +244,52 @@ class Trainer(RLRun):
         self.last_reset = self.step
 
     # ----------------------------------------------------------------------------- evaluation
-    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], step: int | str) -> np.ndarray:
-        return evaluate(policy, self.eval_envs, self.seeds, step, self.cfg.eval_episodes)
+    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], step: int | str,
+                  envs: Sequence[gym.Env] | None = None) -> np.ndarray:
+        return evaluate(policy, self.eval_envs if envs is None else envs, self.seeds, step, self.cfg.eval_episodes)
 
     def _policy(self, obs: np.ndarray) -> np.ndarray:
         return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
 
     def _eval_and_log(self) -> None:
-        returns = self._evaluate(self._policy, self.step)
-        self.evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist()})
-        rows = [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
-                 "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time} for s, r in zip(self.seeds, returns)]
+        """The current task's evaluation; at a task switch and at the end of a sequence, every task's
+        (``eval/<task>/return``); ``eval/return`` is the current task's."""
+        stage, seq = self.stage(), self.sequence
+        every_task = bool(self.cfg.tasks) and (seq.is_switch(self.step) or self.step == self.cfg.total_steps)
+        rows = []
+        for i in range(len(seq.tasks)) if every_task else [stage.task]:
+            name = seq.tasks[i].name
+            returns = self._evaluate(self._policy, self.step if i == stage.task else f"{self.step}/{name}", self.eval_envs_of(i))
+            self.evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist(),
+                               "task": name, "stage": stage.index})
+            rows += [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
+                      "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name, "stage": stage.index}
+                     for s, r in zip(self.seeds, returns)]
+            if self.cfg.tasks:
+                self.logger.per_seed(f"eval/{name}/return", returns.tolist(), self.step)
+            if i == stage.task:
+                self.logger.per_seed("eval/return", returns.tolist(), self.step)
+                self.postfix["eval"] = f"{float(returns.mean()):.1f}"
         append_rows(self.logger.run_dir / EVALS, KIND.columns, rows)
-        self.logger.per_seed("eval/return", returns.tolist(), self.step)
-        self.postfix["eval"] = f"{float(returns.mean()):.1f}"
+
+    def _switch(self) -> None:
+        """A task switch, after the ended stage's evaluations: diagnostics of the agent as the stage
+        left it (``switch/…``, and in ``summary.json``), then ``on_switch``, then the next stage's envs."""
+        ended, sw = self.stage(), self.cfg.on_switch
+        record: dict[str, Any] = {"step": self.step, "stage": ended.index, "task": ended.spec.name}
+        if self.cfg.diagnostics.every:
+            record["diagnostics"] = self.diagnose("switch/")
+        self.switches.append(record)
+        if sw.buffer == "clear":
+            self.buffer.clear()
+        layers = sw.layers()
+        if layers is not False:
+            self.agent.reset(layers)
+        if sw.optimizer == "reset":
+            for trained in self.agent.trained.values():
+                forget(trained.optimizer, trained.module.parameters())
+        self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
+        self.logger.scalar("task/stage", self.sequence.stage_at(self.step).index, self.step)
 
     def _video(self) -> None:
         """Seed 0's first episode of the evaluation just played, as ``videos/step_<step>`` and under

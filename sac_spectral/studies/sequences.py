@@ -1,0 +1,154 @@
+"""The report's continual-RL part: runs of task sequences measured per seed by their kind's
+``stages`` (RL: :func:`~sac_spectral.apps.rl.stages.stage_metrics`) — the final return averaged over the sequence's
+tasks, forgetting and plasticity per stage — tabulated as IQMs with 95 % stratified-bootstrap CIs,
+and each task's curve over the whole run with the stage boundaries marked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sac_spectral.runs.evals import read_evals
+from sac_spectral.runs.layout import CONFIG_FILE
+from sac_spectral.studies.results import Study, read_mapping
+
+#: ``estimate(scores, func)``: point and 95 % interval per key of ``scores`` ([runs, 1] arrays)
+Estimate = Callable[[dict[str, np.ndarray], Callable[[np.ndarray], np.ndarray]], tuple[dict, dict]]
+
+
+@dataclass
+class Sequences:
+    """Per method, what its sequence runs measured (scores divided by the kind's scale)."""
+
+    final: dict[str, list[float]] = field(default_factory=dict)
+    forgetting: dict[str, list[float]] = field(default_factory=dict)
+    plasticity: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    #: method -> task -> (run, seed) -> step -> score
+    curves: dict[str, dict[str, dict[tuple[Path, int], dict[int, float]]]] = field(default_factory=dict)
+    steps_per_task: int = 0
+    stages: list[str] = field(default_factory=list)
+    #: whether the runs follow different sequences (stages are then each run's own)
+    mixed: bool = False
+
+
+def read_sequences(study: Study) -> Sequences:
+    """The task-sequence runs of ``study`` (those its kind's ``stages`` measures); empty where there
+    are none."""
+    out = Sequences()
+    for method, run in dict.fromkeys((c.method, c.run) for c in study.curves):
+        config = read_mapping(run / CONFIG_FILE)
+        rows = read_evals(run)
+        m = study.kind.stages(rows, config)
+        if m is None:
+            continue
+        if out.stages and (out.stages, out.steps_per_task) != (m["stages"], m["steps_per_task"]):
+            out.mixed = True
+        out.steps_per_task, out.stages = m["steps_per_task"], m["stages"]
+        scale = study.kind.scale(config) or 1.0
+        out.final.setdefault(method, []).extend(v / scale for v in m["final_average"] if v is not None)
+        out.forgetting.setdefault(method, []).extend(v / scale for v in m["forgetting_average"] if v is not None)
+        for stage, values in m["plasticity_by_stage"].items():
+            out.plasticity.setdefault(method, {}).setdefault(int(stage), []).extend(v for v in values if v is not None)
+        score, x = study.kind.score, study.kind.x
+        for r in rows:
+            if r.get(score) is not None:
+                curve = out.curves.setdefault(method, {}).setdefault(str(r["task"]), {}).setdefault((run, int(r["seed"])), {})
+                curve[int(r[x])] = float(r[score]) / scale
+    return out
+
+
+def _iqm(scores: np.ndarray) -> np.ndarray:
+    from rliable import metrics
+
+    return np.array([metrics.aggregate_iqm(scores)])
+
+
+def _cell(values: list[float], point: dict, ci: dict, key: str) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.3g} (1 seed, no CI)"
+    return f"{float(point[key][0]):.3g} [{float(ci[key][0][0]):.3g}, {float(ci[key][1][0]):.3g}]"
+
+
+def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any]) -> list[str]:
+    """The markdown table (and ``data["continual"]``) of every method's sequence runs."""
+    if not seqs.final and not seqs.forgetting:
+        return []
+    methods = list(dict.fromkeys([*seqs.final, *seqs.forgetting, *seqs.plasticity]))
+    stages = sorted({s for m in methods for s in seqs.plasticity.get(m, {})})
+    columns = {"final": seqs.final, "forgetting": seqs.forgetting,
+               **{f"plasticity/{s}": {m: seqs.plasticity.get(m, {}).get(s, []) for m in methods} for s in stages}}
+    estimates = {}
+    for name, values in columns.items():
+        arrays = {m: np.array(values.get(m, []), dtype=float).reshape(-1, 1) for m in methods if len(values.get(m, [])) > 1}
+        estimates[name] = estimate(arrays, _iqm) if arrays else ({}, {})
+    header = ["final return, mean over tasks", "forgetting"] + [
+        f"plasticity, stage {s}" + ("" if seqs.mixed else f" ({seqs.stages[s]})") for s in stages]
+    lines = ["", "## Continual RL: final return, forgetting and plasticity", "",
+             "Per seed: the final return averaged over the sequence's tasks; forgetting, the best return "
+             "before the end minus the final one, averaged over tasks; plasticity, a later stage's return at its end "
+             "divided by the task's first stage's at its end (below 1: the agent learns the task less well than "
+             f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. IQM over seeds with 95 % stratified-bootstrap CIs."
+             + (" The runs follow different sequences: a stage is each run's own." if seqs.mixed else ""),
+             "", "| method | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
+    data["continual"] = {}
+    for m in methods:
+        cells = [_cell(values.get(m, []), *estimates[name], m) for name, values in columns.items()]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        data["continual"][m] = {name: {"values": values.get(m, []),
+                                       "iqm": [float(estimates[name][0][m][0]), *map(float, estimates[name][1][m][:, 0])]
+                                       if m in estimates[name][0] else None}
+                                for name, values in columns.items()}
+    return lines
+
+
+def task_curves(seqs: Sequences, colors: dict[str, Any]) -> Any:
+    """One axes per task: each method's mean over seeds (band: ± 1.96 standard errors) over the
+    whole run, stage boundaries dashed and the task's own stages shaded; None without sequences."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(t for per_task in seqs.curves.values() for t in per_task))
+    if not tasks:
+        return None
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for s, name in enumerate([] if seqs.mixed else seqs.stages):
+            if name == task:
+                ax.axvspan(s * seqs.steps_per_task, (s + 1) * seqs.steps_per_task, color="0.92", zorder=0)
+            if s:
+                ax.axvline(s * seqs.steps_per_task, color="0.5", linestyle="--", linewidth=0.8)
+        for method, per_task in seqs.curves.items():
+            runs = list(per_task.get(task, {}).values())
+            if not runs:
+                continue
+            steps = sorted(set.intersection(*(set(r) for r in runs)))
+            y = np.array([[r[s] for s in steps] for r in runs])
+            mean, half = y.mean(axis=0), 1.96 * y.std(axis=0, ddof=1) / np.sqrt(len(runs)) if len(runs) > 1 else 0.0
+            ax.plot(steps, mean, color=colors[method], label=method)
+            ax.fill_between(steps, mean - half, mean + half, color=colors[method], alpha=0.15)
+        ax.set_title(task, fontsize="medium")
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("mean return / scale")
+        ax.grid(alpha=0.3)
+    fig.suptitle("each task over the sequence (its stages shaded, switches dashed): mean over seeds ± 1.96 SE")
+    fig.tight_layout()
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    return fig
+
+
+def continual_figures(seqs: Sequences, colors: dict[str, Any], out: Path) -> list[str]:
+    """Write ``continual_tasks.png`` (:func:`task_curves`) where there are sequence runs; returns the
+    file names written."""
+    import matplotlib.pyplot as plt
+
+    fig = task_curves(seqs, colors)
+    if fig is None:
+        return []
+    fig.savefig(out / "continual_tasks.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return ["continual_tasks.png"]

@@ -1,0 +1,230 @@
+"""Continual RL: task sequences switch at their steps, resume exactly, draw per seed, are measured
+(forgetting, plasticity) and refused in one line where they cannot run."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_train import ROOT, _assert_same_state, run
+
+from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.stages import stage_metrics
+from sac_spectral.core.config import ConfigError, from_dict
+from sac_spectral.envs import EnvPool
+from sac_spectral.envs.tasks import Permuted, mujoco_model
+from sac_spectral.runs.checkpoint import load_checkpoint
+from sac_spectral.runs.evals import read_evals
+from sac_spectral.runs.layout import CHECKPOINT
+
+TINY = ["action_repeat=8", "random_steps=4", "eval_episodes=1", "batch_size=8", "actor.hidden=[16,16]",
+        "critic.hidden=[16,16]", "threads=1", "progress=false", "checkpoint_every=0", "diagnostics.every=0"]
+#: three stages of 7 steps: another task, then heavier and more slippery, then permuted
+SEQUENCE = ("tasks=[{env: dmc:cartpole-swingup}, {env: dmc:cartpole-balance, dynamics: {mass: 2.0, friction: [0.5, 2.0]}},"
+            " {env: dmc:cartpole-swingup, permute_obs: true, permute_actions: true}]")
+
+
+def _record(monkeypatch) -> list[list[dict]]:
+    """Per pool step, what each seed's env is: its task, total mass, friction and permutations."""
+    seen: list[list[dict]] = []
+    step = EnvPool.step
+
+    def recording(pool, actions):
+        seen.append([{"task": env.spec.id, "mass": float(mujoco_model(env).body_mass.sum()),
+                      "friction": float(mujoco_model(env).geom_friction[:, 0].sum()),
+                      "obs_perm": tuple(env.d.obs_perm) if isinstance(env, Permuted) else None,
+                      "act": (tuple(env.d.act_perm), tuple(env.d.act_sign.tolist())) if isinstance(env, Permuted) else None}
+                     for env in pool.envs])
+        return step(pool, actions)
+
+    monkeypatch.setattr(EnvPool, "step", recording)
+    return seen
+
+
+def test_every_switch_happens_at_the_step_the_config_names(tmp_path, monkeypatch):
+    seen = _record(monkeypatch)
+    rd = tmp_path / "run"
+    assert run(TINY + [SEQUENCE, "steps_per_task=7", "eval_every=3", f"run_dir={rd}"]) == 0
+    assert len(seen) == 21
+    first = seen[0][0]
+    for t, (env,) in enumerate(seen):
+        stage = t // 7
+        assert env["task"] == ("dm_control/cartpole-balance-v0" if stage == 1 else "dm_control/cartpole-swingup-v0"), t
+        assert (env["mass"] == pytest.approx(2 * first["mass"])) == (stage == 1), t
+        assert (env["friction"] != pytest.approx(first["friction"])) == (stage == 1), t
+        assert (env["obs_perm"] is not None) == (stage == 2) and (env["act"] is not None) == (stage == 2), t
+    assert sorted(seen[14][0]["obs_perm"]) == list(range(5)) and seen[14][0]["obs_perm"] != tuple(range(5))
+    rows = read_evals(rd)
+    by_step = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append((r["task"], r["stage"]))
+    names = ["0-cartpole-swingup", "1-cartpole-balance", "2-cartpole-swingup"]
+    assert by_step[3] == [(names[0], 0)] and by_step[9] == [(names[1], 1)] and by_step[15] == [(names[2], 2)]
+    for step, stage in ((7, 0), (14, 1), (21, 2)):  # every task at each switch and at the end
+        assert sorted(by_step[step]) == [(n, stage) for n in names], step
+    summary = json.loads((rd / "summary.json").read_text())
+    assert [s["step"] for s in summary["continual"]["switches"]] == [7, 14]
+    assert summary["steps"] == 21 and set(summary["continual"]["tasks"]) == set(names)
+
+
+def test_each_seed_draws_what_its_single_seed_run_draws(tmp_path, monkeypatch):
+    seen = _record(monkeypatch)
+    args = TINY + [SEQUENCE, "steps_per_task=3", "eval_every=0"]
+    assert run(args + ["num_seeds=2", f"run_dir={tmp_path / 'both'}"]) == 0
+    both = list(seen)
+    seen.clear()
+    assert run(args + ["seed=1", f"run_dir={tmp_path / 'one'}"]) == 0
+    one = list(seen)
+    stage1, stage2 = both[3], both[6]
+    assert stage1[0]["friction"] != stage1[1]["friction"] and stage2[0]["obs_perm"] != stage2[1]["obs_perm"]
+    assert [s[1] for s in both] == [s[0] for s in one]
+
+
+@pytest.mark.slow
+def test_a_run_killed_right_after_a_switch_resumes_bit_for_bit(tmp_path):
+    """kill -9 in the stage after a switch, whose checkpoint is the switch's: the resumed run's
+    checkpoint and evaluations equal the uninterrupted run's."""
+    args = [*TINY, "seed=3", "num_seeds=2", "replay_ratio=2", "random_steps=30", "batch_size=16", SEQUENCE,
+            "steps_per_task=60", "eval_every=20", "checkpoint_every=60", "on_switch.buffer=clear",
+            "on_switch.reset=last:1", "on_switch.optimizer=reset", "diagnostics.every=50", "diagnostics.batch_size=32"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert run(args + [f"run_dir={straight}"]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "sac_spectral.train", *args, f"run_dir={killed}"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while proc.poll() is None and not any(r["step"] > 60 for r in read_evals(killed)):
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        err = proc.communicate()[1]
+    assert proc.returncode == -9, err
+    assert load_checkpoint(killed / CHECKPOINT)["step"] in (60, 120)
+    assert run(["--resume", killed]) == 0
+    a, b = load_checkpoint(straight / CHECKPOINT), load_checkpoint(killed / CHECKPOINT)
+    assert a["step"] == b["step"] == 180
+    del a["torch_rng"], b["torch_rng"]  # the process's global generator, which a run does not draw from
+    _assert_same_state(a, b)
+    assert a["evals"] == b["evals"]
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]  # noqa: E731
+    assert drop(read_evals(straight)) == drop(read_evals(killed))
+
+
+def test_a_cleared_buffer_warms_each_stage_up_as_the_run_began(tmp_path):
+    rd = tmp_path / "run"
+    assert run(TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "cycles=3", "steps_per_task=10",
+                       "random_steps=4", "replay_ratio=2", "eval_every=5", "on_switch.buffer=clear",
+                       f"run_dir={rd}"]) == 0
+    updates = {r["step"]: r["updates"] for r in read_evals(rd)}
+    assert [updates[s] for s in (5, 10, 15, 20, 25, 30)] == [2, 12, 14, 24, 26, 36]
+
+
+def test_a_plain_run_is_one_stage_of_its_env(tmp_path):
+    rd = tmp_path / "run"
+    assert run(TINY + ["env=dmc:cartpole-balance", "total_steps=10", "eval_every=5", f"run_dir={rd}"]) == 0
+    assert [(r["task"], r["stage"]) for r in read_evals(rd)] == [("dmc:cartpole-balance", 0)] * 2
+    assert "continual" not in json.loads((rd / "summary.json").read_text())
+
+
+def test_a_sequence_config_names_its_tasks_and_length():
+    cfg = from_dict(TrainConfig, {"env": "dmc:walker-walk", "steps_per_task": 100, "cycles": 2,
+                                  "tasks": [{}, {"env": "dmc:walker-run", "name": "run", "dynamics": {"gravity": 0.5}}]})
+    assert cfg.total_steps == 400 and cfg.env == "dmc:walker-walk"
+    assert [t["name"] for t in cfg.tasks] == ["0-walker-walk", "run"] and cfg.tasks[0]["env"] == "dmc:walker-walk"
+    stages = cfg.sequence().stages
+    assert [(s.index, s.cycle, s.task) for s in stages] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert from_dict(TrainConfig, {k: getattr(cfg, k) for k in ("env", "tasks", "steps_per_task", "cycles")}).tasks == cfg.tasks
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["tasks=[{env: dmc:cartpole-swingup, colour: red}]", "steps_per_task=5"], "tasks[0]: unknown key 'colour'; valid keys: env,"),
+    (["tasks=[{dynamics: {friction: -1}}]", "steps_per_task=5"], "tasks[0].dynamics.friction: expected a factor > 0"),
+    (["tasks=[{dynamics: {wind: 2}}]", "steps_per_task=5"], "unknown 'wind'; valid: friction, mass, gravity, gear"),
+    (["tasks=[{name: a}, {name: a}]", "steps_per_task=5"], "names must be unique"),
+    (["tasks=[{}]"], "steps_per_task: must be >= 1"),
+    (["tasks=[{}]", "steps_per_task=5", "on_switch.reset=last"], "on_switch.reset: 'last' is not one of none, all, last:<k>"),
+    (["tasks=[{}]", "steps_per_task=5", "on_switch.buffer=drop"], "on_switch.buffer: 'drop' is not one of keep, clear"),
+    (["tasks=[{env: dmc:cartpole-swingup}, {env: dmc:walker-walk}]", "steps_per_task=5"],
+     "a sequence's tasks must share their shapes"),
+    (["tasks=[{env: dmc:cartpole-swingup}, {env: dmc:cartpole-flip}]", "steps_per_task=5"], "unknown environment"),
+])
+def test_a_sequence_that_cannot_run_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, args, fragment):
+    rd = tmp_path / "run"
+    assert run(TINY + args + [f"run_dir={rd}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1, err
+    assert not rd.exists()
+
+
+def test_stage_metrics_follow_their_definitions():
+    """Two tasks × two cycles, steps_per_task 10, one seed: hand-computed final, best, forgetting
+    and plasticity."""
+    evals = [(5, "a", 0, 100.0), (10, "a", 0, 400.0), (10, "b", 0, 50.0), (15, "b", 1, 300.0), (20, "a", 1, 350.0),
+             (20, "b", 1, 600.0), (30, "a", 2, 200.0), (30, "b", 2, 500.0), (40, "a", 3, 200.0), (40, "b", 3, 450.0)]
+    rows = [{"step": s, "seed": 0, "task": t, "stage": st, "return": r} for s, t, st, r in evals]
+    m = stage_metrics(rows, ["a", "b", "a", "b"], 10, [0])
+    a, b = m["tasks"]["a"], m["tasks"]["b"]
+    assert a["final"] == [200.0] and b["final"] == [450.0]
+    assert a["forgetting"] == [400.0 - 200.0] and b["forgetting"] == [600.0 - 450.0]
+    assert a["best_per_stage"] == {"0": [400.0], "1": [350.0], "2": [200.0], "3": [200.0]}
+    assert a["plasticity"] == {"2": [200.0 / 400.0]} and b["plasticity"] == {"3": [450.0 / 600.0]}
+    assert m["final_average"] == [325.0] and m["plasticity_by_stage"] == {"2": [0.5], "3": [0.75]}
+
+
+def test_dynamics_and_permutations_act_on_the_simulator_and_the_agent():
+    """An env's stage draw scales its MuJoCo model and permutes what the agent sees and does."""
+    from sac_spectral.envs.tasks import TaskSequence, parse_tasks, stage_env
+
+    def env_of(task: dict):
+        return stage_env(TaskSequence(parse_tasks([task], "dmc:cheetah-run"), 10).stages[0], seed=0, env_seed=1)
+
+    heavy = env_of({"dynamics": {"mass": 0.5, "gravity": 2.0, "gear": [0.5, 0.5]}})
+    permuted, plain = env_of({"permute_obs": True, "permute_actions": True}), env_of({})
+    m, p = mujoco_model(heavy), mujoco_model(plain)
+    np.testing.assert_allclose(m.body_mass, 0.5 * p.body_mass)
+    np.testing.assert_allclose(m.opt.gravity, 2.0 * p.opt.gravity)
+    np.testing.assert_allclose(m.actuator_gear[:, 0], 0.5 * p.actuator_gear[:, 0])
+    obs, _ = permuted.reset(seed=5)
+    ref, _ = plain.reset(seed=5)
+    np.testing.assert_array_equal(obs, ref[permuted.d.obs_perm])
+    a = np.linspace(-0.9, 0.9, 6).astype(np.float32)
+    permuted.step(a)
+    plain.step(permuted.d.act_sign * a[permuted.d.act_perm])
+    ctrl = [e.unwrapped._env.physics.data.ctrl for e in (permuted, plain)]
+    assert not np.array_equal(ctrl[0], a)
+    np.testing.assert_array_equal(*ctrl)
+
+
+def test_a_sequence_with_dynamics_on_a_gymnasium_mujoco_env():
+    pytest.importorskip("gymnasium.envs.mujoco.half_cheetah_v5")
+    from sac_spectral.envs.tasks import TaskSequence, parse_tasks, stage_env
+
+    try:
+        stage = TaskSequence(parse_tasks([{"env": "HalfCheetah-v5", "dynamics": {"friction": 0.25}}], "x"), 5).stages[0]
+        env, plain = stage_env(stage, 0, 1), stage_env(TaskSequence(parse_tasks([{"env": "HalfCheetah-v5"}], "x"), 5).stages[0], 0, 1)
+    except Exception as err:  # noqa: BLE001 - no mujoco here
+        pytest.skip(f"HalfCheetah-v5 cannot be built: {err}")
+    np.testing.assert_allclose(mujoco_model(env).geom_friction[:, 0], 0.25 * mujoco_model(plain).geom_friction[:, 0])
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"^tasks\[1\]: expected a mapping"):
+        from_dict(TrainConfig, {"tasks": [{}, "walker"], "steps_per_task": 3})
+
+
+def test_play_replays_the_last_evaluation_in_the_stage_it_ended(tmp_path, capsys):
+    """The policy of a sequence that ended on a permuted stage plays that stage's env: replaying
+    its last evaluation gives the recorded return."""
+    from sac_spectral.apps.rl.play import main as play_main
+    from sac_spectral.runs.cli import run_cli
+
+    rd = tmp_path / "run"
+    assert run(TINY + [SEQUENCE, "steps_per_task=7", "eval_every=0", "eval_episodes=2", f"run_dir={rd}"]) == 0
+    capsys.readouterr()
+    assert run_cli(play_main, [str(rd), "--last-eval", "--seed-index", "0"]) == 0
+    out = capsys.readouterr().out
+    played = float(re.search(r"^return: (\S+)", out, re.M).group(1))
+    recorded = float(re.search(r"^recorded by the run at step 21: (\S+)", out, re.M).group(1))
+    assert played == pytest.approx(recorded, abs=1e-6) and out.startswith("dmc:cartpole-swingup")
