@@ -228,3 +228,27 @@ def test_play_replays_the_last_evaluation_in_the_stage_it_ended(tmp_path, capsys
     played = float(re.search(r"^return: (\S+)", out, re.M).group(1))
     recorded = float(re.search(r"^recorded by the run at step 21: (\S+)", out, re.M).group(1))
     assert played == pytest.approx(recorded, abs=1e-6) and out.startswith("dmc:cartpole-swingup")
+
+
+def test_the_report_tabulates_forgetting_and_plasticity_and_correlates_the_switch_diagnostics(tmp_path, capsys):
+    from sac_spectral.studies.report import main as report_main
+
+    rd = tmp_path / "run"
+    assert run(TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "cycles=3", "steps_per_task=10",
+                       "num_seeds=2", "eval_every=5", "diagnostics.every=1000", "diagnostics.batch_size=16",
+                       f"run_dir={rd}"]) == 0
+    summary = json.loads((rd / "summary.json").read_text())["continual"]
+    assert [len(s["diagnostics"]["grad_rank/critic/erank"]) for s in summary["switches"]] == [2, 2]
+    out = tmp_path / "report"
+    assert report_main([str(rd), "--out", str(out), "--reps", "50"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    (method, row), = data["continual"].items()
+    assert row["final"]["values"] == pytest.approx([v / 1000 for v in summary["final_average"]])
+    assert row["plasticity/2"]["values"] == pytest.approx(summary["plasticity_by_stage"]["2"])
+    assert row["final"]["iqm"][0] == pytest.approx(np.mean(row["final"]["values"]))  # IQM of two = their mean
+    assert data["switch_correlation"]["grad_rank/critic/erank"]["n"] == 4  # 2 seeds × 2 switches
+    text = (out / "report.md").read_text()
+    assert "## Continual RL: final return, forgetting and plasticity" in text and "continual_tasks.png" in text
+    assert (out / "continual_tasks.png").stat().st_size > 0
+    # the ordinary curves follow the current task: one evaluation per step and seed
+    assert len(data["methods"][method]["seeds"]) == 2

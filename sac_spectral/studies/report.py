@@ -39,7 +39,13 @@ from sac_spectral.studies.results import (
     priming_predictors,
     read_mapping,
 )
-from sac_spectral.studies.sequences import Sequences, continual_figures, continual_section, read_sequences
+from sac_spectral.studies.sequences import (
+    Sequences,
+    continual_figures,
+    continual_section,
+    read_sequences,
+    switch_section,
+)
 
 
 def aggregates(scores: np.ndarray) -> np.ndarray:
@@ -352,6 +358,7 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
     lines += _priming_section(study, data)
     if seqs is not None:
         lines += continual_section(seqs, lambda scores, func: interval_estimates(scores, func, reps, seed), data)
+        lines += switch_section(study, data)
     if diagnostics:
         lines += _diagnostics_section(study, diagnostics, reps, seed, data, notes)
     lines += ["", "## What was cut or missing", ""]

@@ -214,7 +214,7 @@ def load(paths: Sequence[str]) -> Study:
     return study
 
 
-def _priming_values(diagnostics: dict[str, list[float]]) -> dict[str, list[float]]:
+def headline_diagnostics(diagnostics: dict[str, list[float]]) -> dict[str, list[float]]:
     """Per-seed values of :data:`PRIMING_KEYS` and of each net's largest σ_max over its layers."""
     values = {k: list(diagnostics[k]) for k in PRIMING_KEYS if k in diagnostics}
     for net in ("critic", "actor"):
@@ -225,7 +225,7 @@ def _priming_values(diagnostics: dict[str, list[float]]) -> dict[str, list[float
 
 
 def priming_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]]:
-    """Per diagnostic (:func:`_priming_values`), the pairs (its value after heavy priming, the
+    """Per diagnostic (:func:`headline_diagnostics`), the pairs (its value after heavy priming, the
     seed's final score) over every seed of every run that has priming diagnostics."""
     out: dict[str, tuple[list[float], list[float]]] = {}
     summaries: dict[Path, dict[str, Any]] = {}
@@ -237,7 +237,7 @@ def priming_predictors(study: Study) -> dict[str, tuple[list[float], list[float]
         after, seeds = (summary.get("priming") or {}).get("after"), summary.get("seeds") or []
         if not after or c.seed not in seeds or not len(c.y) or not np.isfinite(c.y[-1]):
             continue
-        for key, values in _priming_values(after).items():
+        for key, values in headline_diagnostics(after).items():
             if len(values) == len(seeds) and np.isfinite(values[seeds.index(c.seed)]):
                 xs, ys = out.setdefault(key, ([], []))
                 xs.append(float(values[seeds.index(c.seed)]))
@@ -247,14 +247,14 @@ def priming_predictors(study: Study) -> dict[str, tuple[list[float], list[float]
 
 def priming_diagnostics(study: Study) -> dict[str, dict[str, list[list[float]]]]:
     """Per method, the heavy-priming diagnostics of its finished runs: ``{key: [before, after]}``
-    with one value per seed (:func:`_priming_values`)."""
+    with one value per seed (:func:`headline_diagnostics`)."""
     out: dict[str, dict[str, list[list[float]]]] = {}
     for method, run in dict.fromkeys((c.method, c.run) for c in study.curves):
         path = run / SUMMARY
         priming = read_mapping(path).get("priming") if path.is_file() else None
         if not priming or not {"before", "after"} <= set(priming):
             continue
-        before, after = _priming_values(priming["before"]), _priming_values(priming["after"])
+        before, after = headline_diagnostics(priming["before"]), headline_diagnostics(priming["after"])
         for key in (k for k in before if k in after):
             entry = out.setdefault(method, {}).setdefault(key, [[], []])
             entry[0] += before[key]

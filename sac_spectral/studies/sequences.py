@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from sac_spectral.runs.evals import read_evals
-from sac_spectral.runs.layout import CONFIG_FILE
-from sac_spectral.studies.results import Study, read_mapping
+from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY
+from sac_spectral.studies.results import Study, headline_diagnostics, read_mapping
 
 #: ``estimate(scores, func)``: point and 95 % interval per key of ``scores`` ([runs, 1] arrays)
 Estimate = Callable[[dict[str, np.ndarray], Callable[[np.ndarray], np.ndarray]], tuple[dict, dict]]
@@ -104,6 +104,52 @@ def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any])
                                        "iqm": [float(estimates[name][0][m][0]), *map(float, estimates[name][1][m][:, 0])]
                                        if m in estimates[name][0] else None}
                                 for name, values in columns.items()}
+    return lines
+
+
+def switch_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]]:
+    """Per diagnostic (:func:`~sac_spectral.studies.results.headline_diagnostics`), the pairs (its
+    value at a switch, the next stage's return at that stage's end, scaled) over every seed and
+    switch of every sequence run that logged diagnostics at its switches."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for run in dict.fromkeys(c.run for c in study.curves):
+        summary = read_mapping(run / SUMMARY) if (run / SUMMARY).is_file() else {}
+        seq = summary.get("continual")
+        if not seq:
+            continue
+        scale = study.kind.scale(read_mapping(run / CONFIG_FILE)) or 1.0
+        ends = {(r["task"], int(r["seed"]), int(r[study.kind.x])): float(r[study.kind.score]) / scale
+                for r in read_evals(run) if r.get(study.kind.score) is not None}
+        for switch in seq.get("switches", []):
+            stage = int(switch["stage"]) + 1
+            if not switch.get("diagnostics") or stage >= len(seq["stages"]):
+                continue
+            end = (stage + 1) * int(seq["steps_per_task"])
+            for key, values in headline_diagnostics(switch["diagnostics"]).items():
+                for seed, value in zip(summary["seeds"], values):
+                    y = ends.get((seq["stages"][stage], int(seed), end))
+                    if y is not None and np.isfinite(value):
+                        xs, ys = out.setdefault(key, ([], []))
+                        xs.append(float(value))
+                        ys.append(y)
+    return out
+
+
+def switch_section(study: Study, data: dict[str, Any]) -> list[str]:
+    """Spearman's rank correlation of each diagnostic at a switch with the next stage's return."""
+    from scipy.stats import spearmanr
+
+    pairs = {k: v for k, v in switch_predictors(study).items() if len(v[0]) >= 3}
+    if not pairs:
+        return []
+    lines = ["", "Rank correlation of each diagnostic at a task switch with the return the next stage reaches at "
+             "its end (Spearman, every seed and switch of every sequence run):", "",
+             "| diagnostic | ρ | p | seed-switches |", "|---|---|---|---|"]
+    data["switch_correlation"] = {}
+    for key, (xs, ys) in pairs.items():
+        rho, p = spearmanr(xs, ys) if np.ptp(xs) > 0 and np.ptp(ys) > 0 else (float("nan"), float("nan"))
+        lines.append(f"| `{key}` | {rho:.2f} | {p:.2g} | {len(xs)} |")
+        data["switch_correlation"][key] = {"rho": float(rho), "p": float(p), "n": len(xs)}
     return lines
 
 
