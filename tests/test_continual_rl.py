@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 from test_train import ROOT, _assert_same_state, run
 
 from sac_spectral.agents.config import TrainConfig
@@ -119,6 +120,8 @@ def test_a_cleared_buffer_warms_each_stage_up_as_the_run_began(tmp_path):
                        f"run_dir={rd}"]) == 0
     updates = {r["step"]: r["updates"] for r in read_evals(rd)}
     assert [updates[s] for s in (5, 10, 15, 20, 25, 30)] == [2, 12, 14, 24, 26, 36]
+    cfg = from_dict(TrainConfig, {k: v for k, v in yaml.safe_load((rd / "config.yaml").read_text()).items()})
+    assert cfg.total_updates == json.loads((rd / "summary.json").read_text())["updates"] == 36
 
 
 def test_a_plain_run_is_one_stage_of_its_env(tmp_path):
@@ -166,11 +169,11 @@ def test_stage_metrics_follow_their_definitions():
     rows = [{"step": s, "seed": 0, "task": t, "stage": st, "return": r} for s, t, st, r in evals]
     m = stage_metrics(rows, ["a", "b", "a", "b"], 10, [0])
     a, b = m["tasks"]["a"], m["tasks"]["b"]
-    assert a["final"] == [200.0] and b["final"] == [450.0]
+    assert a["final"] == [200.0] and b["final"] == [450.0] and a["first"] == [400.0] and b["first"] == [600.0]
     assert a["forgetting"] == [400.0 - 200.0] and b["forgetting"] == [600.0 - 450.0]
     assert a["best_per_stage"] == {"0": [400.0], "1": [350.0], "2": [200.0], "3": [200.0]}
     assert a["plasticity"] == {"2": [200.0 / 400.0]} and b["plasticity"] == {"3": [450.0 / 600.0]}
-    assert m["final_average"] == [325.0] and m["plasticity_by_stage"] == {"2": [0.5], "3": [0.75]}
+    assert m["final_average"] == [325.0] and m["first_average"] == [500.0] and m["plasticity_by_stage"] == {"2": [0.5], "3": [0.75]}
 
 
 def test_dynamics_and_permutations_act_on_the_simulator_and_the_agent():

@@ -25,6 +25,7 @@ class Sequences:
     """Per method, what its sequence runs measured (scores divided by the kind's scale)."""
 
     final: dict[str, list[float]] = field(default_factory=dict)
+    first: dict[str, list[float]] = field(default_factory=dict)
     forgetting: dict[str, list[float]] = field(default_factory=dict)
     plasticity: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     #: method -> task -> (run, seed) -> step -> score
@@ -51,6 +52,7 @@ def read_sequences(study: Study) -> Sequences:
         scale = study.kind.scale(config) or 1.0
         out.final.setdefault(method, []).extend(v / scale for v in m["final_average"] if v is not None)
         out.forgetting.setdefault(method, []).extend(v / scale for v in m["forgetting_average"] if v is not None)
+        out.first.setdefault(method, []).extend(v / scale for v in m["first_average"] if v is not None)
         for stage, values in m["plasticity_by_stage"].items():
             out.plasticity.setdefault(method, {}).setdefault(int(stage), []).extend(v for v in values if v is not None)
         score, x = study.kind.score, study.kind.x
@@ -81,16 +83,17 @@ def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any])
         return []
     methods = list(dict.fromkeys([*seqs.final, *seqs.forgetting, *seqs.plasticity]))
     stages = sorted({s for m in methods for s in seqs.plasticity.get(m, {})})
-    columns = {"final": seqs.final, "forgetting": seqs.forgetting,
+    columns = {"final": seqs.final, "first": seqs.first, "forgetting": seqs.forgetting,
                **{f"plasticity/{s}": {m: seqs.plasticity.get(m, {}).get(s, []) for m in methods} for s in stages}}
     estimates = {}
     for name, values in columns.items():
         arrays = {m: np.array(values.get(m, []), dtype=float).reshape(-1, 1) for m in methods if len(values.get(m, [])) > 1}
         estimates[name] = estimate(arrays, _iqm) if arrays else ({}, {})
-    header = ["final return, mean over tasks", "forgetting"] + [
+    header = ["final return, mean over tasks", "first stage's return", "forgetting"] + [
         f"plasticity, stage {s}" + ("" if seqs.mixed else f" ({seqs.stages[s]})") for s in stages]
     lines = ["", "## Continual RL: final return, forgetting and plasticity", "",
-             "Per seed: the final return averaged over the sequence's tasks; forgetting, the best return "
+             "Per seed: the final return averaged over the sequence's tasks; the return at the end of each "
+             "task's first stage (what the method learns of a new task, its cost or gain there); forgetting, the best return "
              "before the end minus the final one, averaged over tasks; plasticity, a later stage's return at its end "
              "divided by the task's first stage's at its end (below 1: the agent learns the task less well than "
              f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. IQM over seeds with 95 % stratified-bootstrap CIs."
