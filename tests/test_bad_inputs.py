@@ -1156,7 +1156,8 @@ def resume_name_too_long(ctx: Ctx) -> list[str]:
 def _eval_steps(rd: Path) -> list[int]:
     """The steps of ``rd/evals.csv`` (one seed: one row per evaluation)."""
     f = rd / "evals.csv"
-    return [int(line.split(",")[0]) for line in (f.read_text().splitlines()[1:] if f.exists() else []) if line.count(",") == 5]
+    header, *rows = (f.read_text().splitlines() if f.exists() else []) or [""]
+    return [int(line.split(",")[0]) for line in rows if line.count(",") == header.count(",")]
 
 
 def _kill_after_two_evaluations(ctx: Ctx, rd: Path) -> list[str]:
