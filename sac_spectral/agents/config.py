@@ -239,24 +239,33 @@ class TrainConfig(SACConfig):
             return TaskSequence([Task(self.env, self.env)], self.total_steps)
         return TaskSequence(parse_tasks(self.tasks, self.env), self.steps_per_task, self.cycles)
 
-    def updates_by(self, step: int) -> int:
-        """Updates the replay ratio owes after ``step`` env steps (priming updates are extra)."""
+    def _owed(self, step: int) -> int:
         return math.floor(max(0, step - self.random_steps) * self.replay_ratio + 1e-9)
 
-    def warmup_updates(self, stage: int) -> int:
-        """The updates that stage ``stage`` (≥ 1) of a sequence forgoes to warm up again after a
-        cleared buffer (``random_steps`` into it, at most the whole stage)."""
-        if stage < 1 or self.on_switch.buffer != "clear":
-            return 0
-        start = stage * self.steps_per_task
-        return self.updates_by(start + min(self.random_steps, self.steps_per_task)) - self.updates_by(start)
+    def _rewarms(self) -> bool:
+        """Whether a sequence's later stages warm up again (a switch clears the buffer)."""
+        return bool(self.tasks) and self.on_switch.buffer == "clear"
+
+    def warmup_end(self, stage: int) -> int:
+        """The env step up to which stage ``stage`` acts uniformly at random without updates:
+        ``random_steps`` into the run, and into each stage that starts from a cleared buffer."""
+        return stage * self.steps_per_task * (stage > 0 and self._rewarms()) + self.random_steps
+
+    def updates_by(self, step: int) -> int:
+        """Updates the replay ratio owes after ``step`` env steps (priming updates are extra), less
+        those of the warm-ups of a sequence's stages after a cleared buffer."""
+        owed = self._owed(step)
+        if self._rewarms():
+            for stage in range(1, len(self.tasks) * self.cycles):
+                start = stage * self.steps_per_task
+                if step > start:
+                    owed -= self._owed(min(step, start + min(self.random_steps, self.steps_per_task))) - self._owed(start)
+        return owed
 
     @property
     def total_updates(self) -> int:
-        """Every update of the run: the replay ratio's over ``total_steps`` plus priming's, less the
-        warm-ups of a sequence's stages after a cleared buffer."""
-        stages = len(self.tasks) * self.cycles if self.tasks else 1
-        return self.updates_by(self.total_steps) + self.priming.updates - sum(map(self.warmup_updates, range(1, stages)))
+        """Every update of the run: the replay ratio's over ``total_steps`` plus priming's."""
+        return self.updates_by(self.total_steps) + self.priming.updates
 
 
 def seed_label(seeds: Sequence[int]) -> str:

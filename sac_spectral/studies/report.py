@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from sac_spectral.core.config import ConfigError
 from sac_spectral.runs.kinds import RunKind
@@ -33,6 +32,7 @@ from sac_spectral.studies.results import (
     Aligned,
     Study,
     align,
+    correlation_table,
     final_scores,
     load,
     priming_diagnostics,
@@ -316,16 +316,11 @@ def _priming_section(study: Study, data: dict[str, Any]) -> list[str]:
 def _predictors_section(study: Study, data: dict[str, Any]) -> list[str]:
     """Spearman's rank correlation of each diagnostic after priming with the final score, over
     every seed of every primed run (every method together)."""
-    pairs = {k: v for k, v in priming_predictors(study).items() if len(v[0]) >= 3}
-    if not pairs:
-        return []
-    lines = ["", "Rank correlation of each diagnostic after priming with the final score (Spearman, every seed "
-             "of every primed run):", "", "| diagnostic | ρ | p | runs |", "|---|---|---|---|"]
-    data["priming_correlation"] = {}
-    for key, (xs, ys) in pairs.items():
-        rho, p = spearmanr(xs, ys) if np.ptp(xs) > 0 and np.ptp(ys) > 0 else (float("nan"), float("nan"))
-        lines.append(f"| `{key}` | {rho:.2f} | {p:.2g} | {len(xs)} |")
-        data["priming_correlation"][key] = {"rho": float(rho), "p": float(p), "runs": len(xs)}
+    lines, data["priming_correlation"] = correlation_table(
+        priming_predictors(study), "Rank correlation of each diagnostic after priming with the final score (Spearman, "
+        "every seed of every primed run):", "runs", "runs")
+    if not lines:
+        del data["priming_correlation"]
     return lines
 
 

@@ -245,6 +245,24 @@ def priming_predictors(study: Study) -> dict[str, tuple[list[float], list[float]
     return out
 
 
+def correlation_table(pairs: dict[str, tuple[list[float], list[float]]], caption: str, count: str,
+                      key: str) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """Spearman's rank correlation of each diagnostic's values with the scores paired with them
+    (``pairs``: diagnostic → (values, scores); three pairs at least): the markdown lines under
+    ``caption``, the pairs counted in a column ``count``, and per diagnostic ``{rho, p, key: n}``."""
+    from scipy.stats import spearmanr
+
+    lines = ["", caption, "", f"| diagnostic | ρ | p | {count} |", "|---|---|---|---|"]
+    out = {}
+    for name, (xs, ys) in pairs.items():
+        if len(xs) < 3:
+            continue
+        rho, p = spearmanr(xs, ys) if np.ptp(xs) > 0 and np.ptp(ys) > 0 else (float("nan"), float("nan"))
+        lines.append(f"| `{name}` | {rho:.2f} | {p:.2g} | {len(xs)} |")
+        out[name] = {"rho": float(rho), "p": float(p), key: len(xs)}
+    return (lines, out) if out else ([], out)
+
+
 def priming_diagnostics(study: Study) -> dict[str, dict[str, list[list[float]]]]:
     """Per method, the heavy-priming diagnostics of its finished runs: ``{key: [before, after]}``
     with one value per seed (:func:`headline_diagnostics`)."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY
-from sac_spectral.studies.results import Study, headline_diagnostics, read_mapping
+from sac_spectral.studies.results import Study, correlation_table, headline_diagnostics, read_mapping
 
 #: ``estimate(scores, func)``: point and 95 % interval per key of ``scores`` ([runs, 1] arrays)
 Estimate = Callable[[dict[str, np.ndarray], Callable[[np.ndarray], np.ndarray]], tuple[dict, dict]]
@@ -140,19 +140,11 @@ def switch_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]
 
 def switch_section(study: Study, data: dict[str, Any]) -> list[str]:
     """Spearman's rank correlation of each diagnostic at a switch with the next stage's return."""
-    from scipy.stats import spearmanr
-
-    pairs = {k: v for k, v in switch_predictors(study).items() if len(v[0]) >= 3}
-    if not pairs:
-        return []
-    lines = ["", "Rank correlation of each diagnostic at a task switch with the return the next stage reaches at "
-             "its end (Spearman, every seed and switch of every sequence run):", "",
-             "| diagnostic | ρ | p | seed-switches |", "|---|---|---|---|"]
-    data["switch_correlation"] = {}
-    for key, (xs, ys) in pairs.items():
-        rho, p = spearmanr(xs, ys) if np.ptp(xs) > 0 and np.ptp(ys) > 0 else (float("nan"), float("nan"))
-        lines.append(f"| `{key}` | {rho:.2f} | {p:.2g} | {len(xs)} |")
-        data["switch_correlation"][key] = {"rho": float(rho), "p": float(p), "n": len(xs)}
+    lines, data["switch_correlation"] = correlation_table(
+        switch_predictors(study), "Rank correlation of each diagnostic at a task switch with the return the next stage "
+        "reaches at its end (Spearman, every seed and switch of every sequence run):", "seed-switches", "n")
+    if not lines:
+        del data["switch_correlation"]
     return lines
 
 

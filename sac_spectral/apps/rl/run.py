@@ -151,7 +151,7 @@ class RLRun:
         self.agent = build_agent(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
         self.plasticity = PlasticityProbes(self.agent, self.seeds)  # θ₀: before a resume loads its state
         self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device)
-        self.step = self.primed = self.diagnosed = self.last_reset = self.skipped = 0
+        self.step = self.primed = self.diagnosed = self.last_reset = 0
         self.switches: list[dict[str, Any]] = []  # per task switch: its step, the stage ended, diagnostics
         self.evals: list[dict[str, Any]] = []
         self.random_return: list[float] | None = None
@@ -225,7 +225,7 @@ class RLRun:
         return self.step >= self.cfg.priming.transitions and self.primed < self.cfg.priming.updates
 
     # ----------------------------------------------------------------------------- state
-    _COUNTERS = ("step", "primed", "diagnosed", "last_reset", "skipped")
+    _COUNTERS = ("step", "primed", "diagnosed", "last_reset")
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -243,7 +243,7 @@ class RLRun:
             raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
                               f"give total_steps >= {int(state['step'])}")
         for key in self._COUNTERS:
-            setattr(self, key, int(state.get(key, 0)))  # "skipped": 0 in checkpoints from before task sequences
+            setattr(self, key, int(state[key]))
         if self.sequence.stage_at(self.step).index > 0:
             self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
         self.agent.load_full_state_dict(state["agent"])

@@ -23,7 +23,6 @@ from sac_spectral.agents import Agent, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.probes import DiagnosticsConfig, probe_batch, agent_diagnostics
 from sac_spectral.envs.evaluate import eval_seed, evaluate
-from sac_spectral.envs.tasks import Stage
 from sac_spectral.core.config import to_dict
 from sac_spectral.core.reinit import forget
 from sac_spectral.core.seeding import derive_seed
@@ -215,22 +214,14 @@ class Trainer(RLRun):
         """Priming when due, then the updates this step owes."""
         if self._priming_due():
             Priming(self, run).run()
-        n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed) - self.skipped
-        if n > 0 and self.stage().index > 0 and self.step <= self._warmup_end(self.stage()):
-            self.skipped += n  # a stage after a cleared buffer warms up as the run began: no updates
-        elif n > 0 and self._log_due(self.step, n):  # the log at this step reports this step's last update
+        n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
+        if n > 0 and self._log_due(self.step, n):  # the log at this step reports this step's last update
             self.last_info, self.update_metrics = self.plasticity.train_steps(self.buffer, n, self.cfg.batch_size)
         elif n > 0:
             self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
 
-    def _warmup_end(self, stage: Stage) -> int:
-        """The env step up to which ``stage`` acts uniformly at random without updates:
-        ``random_steps`` into the run, and into each stage that starts from a cleared buffer."""
-        cleared = stage.index > 0 and self.cfg.on_switch.buffer == "clear"
-        return stage.index * self.sequence.steps_per_task * cleared + self.cfg.random_steps
-
     def _act(self) -> np.ndarray:
-        if self.step < self._warmup_end(self.sequence.stage_at(self.step)):
+        if self.step < self.cfg.warmup_end(self.sequence.stage_at(self.step).index):
             return (self.streams.rand("act", (self.pool.act_dim,)) * 2.0 - 1.0).cpu().numpy()
         return self.agent.act(torch.as_tensor(self.pool.obs, device=self.device)).cpu().numpy()
 
