@@ -4,7 +4,8 @@ update is matrix products and what is the rest (elementwise kernels, sampling, d
 Both are profiles of one timed block, run as the benchmark runs it:
 
 - Ours: ``torch.profiler`` over the block; the self time of the ATen matmul calls (``mm``, ``bmm``,
-  ``addmm``, ``baddbmm``: MKL/oneDNN, which inductor calls as extern kernels).
+  ``addmm``, ``baddbmm``: MKL) and of the compiled update's oneDNN products
+  (``sac_spectral::member_bmm``, :mod:`sac_spectral.core.onednn`: its output's allocation included).
 - JAX: ``jax.profiler`` over the block; XLA:CPU records each thunk it runs, and the matmul thunks
   are the ``dot`` ones and the YNNPACK/XNNPACK/oneDNN fusions XLA hands its dots to (which may
   carry a fused elementwise epilogue: bias, ReLU).
@@ -21,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
+MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "sac_spectral::member_bmm")
 #: name fragments of XLA:CPU's matmul thunks
 XLA_MATMULS = ("dot", "ynn", "xnn", "onednn", "gemm")
 

@@ -7,7 +7,8 @@ from sac_spectral.core.optim import adam_state, adam_step_, make_optimizer
 @pytest.mark.parametrize("name,weight_decay", [("adam", 0.0), ("adam", 0.1), ("adamw", 0.1)])
 def test_functional_adam_step_follows_torch_optim(name, weight_decay):
     """adam_step_ on an optimizer's own state equals torch's step, also for a parameter whose state
-    was dropped half-way (a reset: its step count restarts while the other's goes on)."""
+    was dropped half-way (a reset: its step count restarts while the other's goes on), and for a
+    gradient in another layout than its parameter (a transposed weight gradient)."""
     g = torch.Generator().manual_seed(0)
     params = [torch.randn(3, 4, generator=g, requires_grad=True), torch.randn(5, generator=g, requires_grad=True)]
     ours = [p.detach().clone() for p in params]
@@ -18,7 +19,7 @@ def test_functional_adam_step_follows_torch_optim(name, weight_decay):
         if step == 3:
             ref_opt.state.pop(params[1])
             own_opt.state.pop(keys[1])
-        grads = [torch.randn(p.shape, generator=g) for p in params]
+        grads = [torch.randn(4, 3, generator=g).t(), torch.randn(5, generator=g)]
         for p, grad in zip(params, grads):
             p.grad = grad.clone()
         ref_opt.step()
@@ -28,3 +29,24 @@ def test_functional_adam_step_follows_torch_optim(name, weight_decay):
     for p, q in zip(ours, params):
         torch.testing.assert_close(p, q.detach(), rtol=1e-5, atol=1e-6)  # rounding; a wrong step is ~lr = 1e-2 off
     assert [float(own_opt.state[k]["step"]) for k in keys] == [6.0, 3.0]
+
+
+def test_compiled_adam_step_equals_eager_with_gradients_made_in_the_program():
+    """Inside a compiled program (the compiled update's use) the step reads gradients in the layout
+    inductor made them, here transposed products, and equals the eager step."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2, 8, 3, generator=g), torch.randn(2, 8, 4, generator=g)
+
+    def step(params, state):
+        grads = [torch.bmm(x.transpose(1, 2), y).transpose(1, 2) * p.sum() for p in params]
+        adam_step_(params, grads, *state, 1e-2, (0.9, 0.999), 1e-8, 0.0, False)
+
+    runs = []
+    for fn in (step, torch.compile(step, dynamic=False)):
+        params = [torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(2))]
+        state = ([torch.zeros_like(params[0])], [torch.zeros_like(params[0])], [torch.zeros(())])
+        for _ in range(3):
+            fn(params, state)
+        runs.append((params[0], *(s[0] for s in state)))
+    for eager, compiled in zip(*runs):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

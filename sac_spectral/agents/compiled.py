@@ -8,6 +8,9 @@ the formula eager's ``penalty()`` differentiates) added, and the Adam/AdamW step
 :func:`~sac_spectral.core.optim.adam_step_` — so that ``torch.compile`` sees forward, backward,
 penalties, optimizer step and the ``after()`` (a Polyak step) of the steps before the last as one
 graph and fuses their elementwise work (inductor's C++ code on the CPU; CUDA graphs on a GPU).
+On the CPU the program's matrix products, forward and backward, run as oneDNN batched matmuls
+(:mod:`sac_spectral.core.onednn`, an inductor pass; where the operator cannot be built, one
+warning and ATen's ``bmm``), and the Adam steps as torch's fused kernel.
 Consecutive steps form one program; a program ends after a step whose network has a regularizer
 that intervenes after steps (shrink & perturb, ReDo, resets…): the engine's loop then runs that
 ``after_step`` and only then the step's ``after()``, as eager does. The last step's ``after()``
@@ -32,6 +35,7 @@ import contextlib
 import copy
 import functools
 import types
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +106,18 @@ def _never(*args: Any) -> bool:
 
 
 @functools.cache
+def _cpu_products() -> dict[str, Any]:
+    """Inductor's options for the CPU programs' products: oneDNN's (:mod:`sac_spectral.core.onednn`),
+    or, in one warning where this torch build lacks them, ATen's ``bmm``."""
+    from sac_spectral.core import onednn
+
+    if (why := onednn.load()) is not None:
+        warnings.warn(f"compiled products stay on torch.bmm: {why}", stacklevel=2)
+        return {}
+    return {"post_grad_custom_post_pass": onednn.OneDnnProducts()}
+
+
+@functools.cache
 def _cpp_scheduling() -> type:
     """Inductor's CPU scheduling class, imported once (not per program call, nor by eager runs)."""
     from torch._inductor.codegen.cpp import CppScheduling
@@ -153,8 +169,11 @@ class Compiled:
         self.params = {n: p.detach() for n, p in self.wrapper.named_parameters()}
         self.low = {f"root.{n}.{k}" for n, m in agent.named_modules() if isinstance(m, BatchedLinear)
                     for k, _ in m.named_parameters()} if bf16 else set()
-        mode = "reduce-overhead" if next(agent.parameters()).device.type == "cuda" else None
-        self._compile = functools.partial(torch.compile, mode=mode, dynamic=False, options={"guard_filter_fn": _argument_guards})
+        cuda = next(agent.parameters()).device.type == "cuda"
+        # auto-functionalization v2 misorders the Adam operator's writes in blocks of updates (torch 2.13)
+        options = {"guard_filter_fn": _argument_guards, "enable_auto_functionalized_v2": False,
+                   **({} if cuda else _cpu_products())}
+        self._compile = functools.partial(torch.compile, mode="reduce-overhead" if cuda else None, dynamic=False, options=options)
         self._programs: dict[tuple[Any, ...], Any] = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Compiled:

@@ -1,0 +1,72 @@
+"""The member-batched products of an update on MKL (``torch.bmm``) and on oneDNN
+(``sac_spectral::member_bmm``, what the compiled update uses on the CPU), one thread.
+
+    python benchmarks/onednn_products.py [--rounds 7] [--members 1,2,10,20]
+
+For each member count and each product an update forms with 2×256 networks and batch 256 (the
+forward ``x·Wᵀ``, the input gradient ``g·W``, the weight gradient ``gᵀ·x``; operands in the layouts
+the compiled update passes), the median over rounds of each kernel's GFLOP/s and their ratio,
+timed interleaved in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sac_spectral.core import onednn  # noqa: E402
+
+BATCH, WIDTH = 256, 256
+
+
+def cpu_flags() -> str:
+    flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0] if platform.system() == "Linux" else ""
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags)
+
+
+def seconds(fn: Callable[[], torch.Tensor], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--members", default="1,2,10,20")
+    args = parser.parse_args()
+    if (why := onednn.load()) is not None:
+        raise SystemExit(f"oneDNN products are unavailable: {why}")
+    torch.set_num_threads(1)
+    model = platform.processor() or platform.machine()
+    print(f"cpu: {model}, flags: {cpu_flags()}; 1 thread; torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}")
+    print(f"{'members':>7} {'product':>14} {'MKL GFLOP/s':>12} {'oneDNN GFLOP/s':>15} {'oneDNN / MKL':>13}")
+    g = torch.Generator().manual_seed(0)
+    for m in (int(v) for v in args.members.split(",")):
+        x, w, grad = (torch.randn(m, *shape, generator=g) for shape in ((BATCH, WIDTH), (WIDTH, WIDTH), (BATCH, WIDTH)))
+        products = {"forward x·Wᵀ": (x, w.transpose(1, 2)), "input grad g·W": (grad, w),
+                    "weight grad gᵀ·x": (grad.transpose(1, 2), x)}
+        calls = max(2, 200 // m)
+        for name, (a, b) in products.items():
+            torch.testing.assert_close(torch.ops.sac_spectral.member_bmm(a, b), torch.bmm(a, b), rtol=1e-4, atol=1e-3)
+            times: dict[str, list[float]] = {"mkl": [], "onednn": []}
+            for _ in range(args.rounds):
+                times["mkl"].append(seconds(lambda: torch.bmm(a, b), calls))
+                times["onednn"].append(seconds(lambda: torch.ops.sac_spectral.member_bmm(a, b), calls))
+            flops = 2 * m * BATCH * WIDTH * WIDTH
+            rate = {k: flops / statistics.median(v) / 1e9 for k, v in times.items()}
+            print(f"{m:>7} {name:>14} {rate['mkl']:>12.0f} {rate['onednn']:>15.0f} {rate['onednn'] / rate['mkl']:>13.2f}")
+
+
+if __name__ == "__main__":
+    main()
