@@ -1,6 +1,7 @@
 """Whole-process wall time of one small SAC job: ours against Stable-Baselines3's SAC.
 
     python -m benchmarks.vs_sb3 [--repeats 3] [--threads 2] [--steps 4000] [--random-steps 1000]
+    python -m benchmarks.vs_sb3 --jobs fast,sb3 --warmup     # the fast settings against SB3 alone, after a warm-up run
 
 The job: DMC cheetah-run (through shimmy, flat float32 observations, for both), ``--steps`` env
 steps of which ``--random-steps`` uniform-random, one update per env step after them (3000
@@ -16,8 +17,10 @@ in the first two rows, ours exactly as a user starts it (``threads=0``, TensorBo
 config with the recommended fast settings (``compile=true``, and ``precision=bf16`` where the CPU
 has native bf16). ``compile=true`` includes compiling the update
 (inductor caches its programs on disk, so only a machine's first such run compiles from scratch). Prints each time and SB3 time / our
-time (targets: ≥ 1.5 for the default config, ≥ 1.6 for plain SAC). Installs nothing; without
-stable-baselines3 it says so and exits.
+time (targets: ≥ 1.5 for the default config, ≥ 1.6 for plain SAC). ``--jobs`` times a subset
+(ids: default, fast, sb3, e1, e1-nodiag, e1-compile, plain, sb3-e1) and ``--warmup`` runs each once
+untimed first (a warm inductor cache and file cache). Installs nothing; without stable-baselines3 it
+says so and exits.
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ from pathlib import Path
 PLAIN = ["critic.regularizers=[]", "actor.regularizers=[]"]
 NO_DIAGNOSTICS = ["diagnostics.every=0"]
 FAST = "ours, fast settings as a user runs them: E(10)"
+#: short id of each job → its row label
+JOB_IDS = {
+    "default": "ours, default as a user runs it: E(10), threads=0", "fast": FAST, "sb3": "SB3, E(10)",
+    "e1": "ours, default config, E(1)", "e1-nodiag": "ours, default config, E(1), no diagnostics",
+    "e1-compile": "ours, default config, E(1), compile=true", "plain": "ours, plain SAC, E(1), no diagnostics",
+    "sb3-e1": "SB3, E(1)",
+}
 
 
 def fast_settings() -> list[str]:
@@ -118,6 +128,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads of both sides (but the user-default row)")
     p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--random-steps", type=int, default=1000)
+    p.add_argument("--jobs", default=",".join(JOB_IDS), help="subset of " + ",".join(JOB_IDS))
+    p.add_argument("--warmup", action="store_true", help="run each job once untimed first")
     p.add_argument("--episodes", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--sb3-job", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -136,7 +148,7 @@ def main() -> None:
         def run_dir() -> Path:
             return Path(tmp) / f"run{next(n)}"
 
-        jobs = {
+        every = {
             "ours, default as a user runs it: E(10), threads=0": lambda: ours(args, run_dir(), [], user_default=True),
             FAST: lambda: ours(args, run_dir(), fast_settings(), user_default=True),
             "SB3, E(10)": lambda: sb3(args, 10),
@@ -146,6 +158,13 @@ def main() -> None:
             "ours, plain SAC, E(1), no diagnostics": lambda: ours(args, run_dir(), ["eval_episodes=1", *PLAIN, *NO_DIAGNOSTICS]),
             "SB3, E(1)": lambda: sb3(args, 1),
         }
+        unknown = sorted(set(args.jobs.split(",")) - set(JOB_IDS))
+        if unknown:
+            raise SystemExit(f"unknown job {', '.join(unknown)}; valid: {', '.join(JOB_IDS)}")
+        jobs = {label: every[label] for key, label in JOB_IDS.items() if key in args.jobs.split(",")}
+        if args.warmup:
+            for cmd in jobs.values():
+                timed(cmd())
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in jobs}
         for r in range(args.repeats):
             for name, cmd in jobs.items():
@@ -165,7 +184,8 @@ def main() -> None:
         ("ours, default config, E(1), compile=true", "SB3, E(1)"),
         ("ours, plain SAC, E(1), no diagnostics", "SB3, E(1)"),
     ]:
-        print(f"  {name:52s} {wall[ref] / wall[name]:.2f}  ({cpu[ref] / cpu[name]:.2f})  vs {ref}")
+        if name in wall and ref in wall:
+            print(f"  {name:52s} {wall[ref] / wall[name]:.2f}  ({cpu[ref] / cpu[name]:.2f})  vs {ref}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
