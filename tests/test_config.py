@@ -40,6 +40,7 @@ def test_dotted_overrides_reach_nested_fields_and_parse_yaml():
         ("critic.regularizers=[{name: spectral, kk: 2}]", "has no option 'kk'; valid: coef, k"),
         ("progress=maybe", "expected true or false"),
         ("resets.what=some", "is not one of all, last_layers"),
+        ("compile_products=mkl", "compile_products: 'mkl' is not one of onednn, aten"),
         ("resets.at=[0]", "resets.at: must be env steps >= 1"),
         ("device=tpu", "device"),
         ("nokey", "not of the form key=value"),

@@ -3,7 +3,10 @@
 import pytest
 import torch
 
+from sac_spectral.agents import SAC
+from sac_spectral.agents.config import SACConfig
 from sac_spectral.core import onednn
+from sac_spectral.core.seeding import SeedStreams
 
 pytestmark = pytest.mark.skipif(onednn.load() is not None, reason="oneDNN products are unavailable here")
 
@@ -63,3 +66,26 @@ def test_compiled_products_go_to_onednn_forward_and_backward():
     want = grads(loss)
     for name, mine, ref in zip(("loss", "weight grad", "bias grad", "input grad"), got, want):
         torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_compile_products_chooses_what_the_agents_programs_multiply_with():
+    """A compiled SAC update's products run on oneDNN by default and on ATen's ``bmm`` (no oneDNN
+    operator in the program) with ``compile_products: aten``, the opt-out for CPUs where MKL is
+    the faster; both give the same update to rounding."""
+    g = torch.Generator().manual_seed(0)
+    batch = {"obs": torch.randn(1, 4, 3, generator=g), "action": torch.rand(1, 4, 1, generator=g),
+             "reward": torch.randn(1, 4, generator=g), "next_obs": torch.randn(1, 4, 3, generator=g),
+             "terminated": torch.zeros(1, 4)}
+    noise = torch.randn(SAC.noise_rows, 1, 4, 1, generator=g)
+    agents, calls = {}, {}
+    for products in ("onednn", "aten"):
+        cfg = SACConfig(compile=True, compile_products=products)
+        cfg.actor.hidden = cfg.critic.hidden = [8]
+        agents[products] = SAC(3, 1, cfg, SeedStreams([0]))
+        agents[products].update(batch, noise)  # compiles
+        with torch.profiler.profile() as prof:
+            agents[products].update(batch, noise)
+        calls[products] = {e.key for e in prof.key_averages()}
+    assert "sac_spectral::member_bmm" in calls["onednn"] and "sac_spectral::member_bmm" not in calls["aten"]
+    for (name, p), q in zip(agents["onednn"].state_dict().items(), agents["aten"].state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5, msg=name)

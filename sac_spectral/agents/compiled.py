@@ -9,8 +9,8 @@ the formula eager's ``penalty()`` differentiates) added, and the Adam/AdamW step
 penalties, optimizer step and the ``after()`` (a Polyak step) of the steps before the last as one
 graph and fuses their elementwise work (inductor's C++ code on the CPU; CUDA graphs on a GPU).
 On the CPU the program's matrix products, forward and backward, run as oneDNN batched matmuls
-(:mod:`sac_spectral.core.onednn`, an inductor pass; where the operator cannot be built, one
-warning and ATen's ``bmm``), the Adam steps as torch's fused kernel, and the program's calls from
+(:mod:`sac_spectral.core.onednn`, an inductor pass; ATen's ``bmm`` with ``compile_products: aten``
+or, in one warning, where the operator cannot be built), the Adam steps as torch's fused kernel, and the program's calls from
 inductor's C++ wrapper rather than its Python one (0.93× the time per update at one seed).
 Consecutive steps form one program; a program ends after a step whose network has a regularizer
 that intervenes after steps (shrink & perturb, ReDo, resets…): the engine's loop then runs that
@@ -163,8 +163,8 @@ class Compiled:
 
     blocks = True
 
-    def __init__(self, agent: Engine, bf16: bool = False) -> None:
-        self.agent = agent
+    def __init__(self, agent: Engine, bf16: bool = False, products: str = "onednn") -> None:
+        self.agent, self.products = agent, products
         self.wrapper = Bound(agent)
         self.nets = {net: _Step(self.wrapper, t.optimizer) for net, t in agent.trained.items()}
         self.params = {n: p.detach() for n, p in self.wrapper.named_parameters()}
@@ -173,13 +173,13 @@ class Compiled:
         cuda = next(agent.parameters()).device.type == "cuda"
         # auto-functionalization v2 misorders the Adam operator's writes in blocks of updates (torch 2.13)
         options = {"guard_filter_fn": _argument_guards, "enable_auto_functionalized_v2": False,
-                   **({} if cuda else {"cpp_wrapper": True, **_cpu_products()})}
+                   **({} if cuda else {"cpp_wrapper": True, **(_cpu_products() if products == "onednn" else {})})}
         self._compile = functools.partial(torch.compile, mode="reduce-overhead" if cuda else None, dynamic=False, options=options)
         self._programs: dict[tuple[Any, ...], Any] = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Compiled:
         """A copied agent gets its own programs (compiled ones close over this agent)."""
-        return Compiled(copy.deepcopy(self.agent, memo), bool(self.low))
+        return Compiled(copy.deepcopy(self.agent, memo), bool(self.low), self.products)
 
     def _regs(self, net: str) -> list[Regularizer]:
         return self.agent.trained[net].regularizers
