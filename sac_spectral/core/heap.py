@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 
 #: blocks below this size come from the heap (glibc's largest allowed threshold on 64-bit)
 MMAP_THRESHOLD = 32 << 20
@@ -36,7 +37,7 @@ USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP
 @functools.cache
 def configure_heap() -> bool:
     """Fix glibc's trim and mmap thresholds (once per process); whether they were set."""
-    if any(key in os.environ for key in USER_SETTINGS):
+    if not sys.platform.startswith("linux") or any(key in os.environ for key in USER_SETTINGS):
         return False
     try:
         libc = ctypes.CDLL(None)
