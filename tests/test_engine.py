@@ -3,6 +3,8 @@ intervention, because one loop sequences both (an intervention's ``after_step`` 
 ``after()``, such as the Polyak step of the targets)."""
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +161,11 @@ def test_compiled_residual_networks_with_the_spectral_penalty_equal_eager():
     eager, eager_infos, _ = _train(TD3, config(), calls=2, count=2)
     comp, comp_infos, _ = _train(TD3, config(compile=True, compile_block=2), calls=2, count=2)
     _assert_equal(comp, eager, comp_infos, eager_infos)
+
+
+def test_the_compiled_backend_imports_inductor_without_torchs_deprecation_warnings():
+    """Inductor's passes import ``torch.utils.mkldnn``, whose TorchScript classes warn 14 times
+    (torch 2.13): a compiled run's first program does not print them, even with every warning on."""
+    code = "import sac_spectral.agents.compiled as c; c._import_inductor(); import torch.utils.mkldnn"
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, check=True)
+    assert "script_method" not in proc.stderr, proc.stderr

@@ -107,6 +107,15 @@ def _never(*args: Any) -> bool:
 
 
 @functools.cache
+def _import_inductor() -> None:
+    """Import inductor's compiler once, without the deprecation warnings (14 in torch 2.13) that
+    the TorchScript classes of ``torch.utils.mkldnn``, which its passes import, print."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit.script_method` is deprecated", DeprecationWarning)
+        import torch._inductor.compile_fx  # noqa: F401
+
+
+@functools.cache
 def _cpu_products() -> dict[str, Any]:
     """Inductor's options for the CPU programs' products: oneDNN's (:mod:`sac_spectral.core.onednn`),
     or, in one warning where this torch build lacks them, ATen's ``bmm``."""
@@ -171,6 +180,7 @@ class Compiled:
         self.low = {f"root.{n}.{k}" for n, m in agent.named_modules() if isinstance(m, BatchedLinear)
                     for k, _ in m.named_parameters()} if bf16 else set()
         cuda = next(agent.parameters()).device.type == "cuda"
+        _import_inductor()
         # auto-functionalization v2 misorders the Adam operator's writes in blocks of updates (torch 2.13)
         options = {"guard_filter_fn": _argument_guards, "enable_auto_functionalized_v2": False,
                    **({} if cuda else {"cpp_wrapper": True, **(_cpu_products() if products == "onednn" else {})})}
