@@ -298,6 +298,23 @@ def test_agents_in_one_process_compile_programs_of_their_own():
     assert counters["stats"]["unique_graphs"] - before == 2
 
 
+def test_a_compiled_program_serves_every_count_of_updates_per_call():
+    """``train_steps`` with 2, 5 and 1 updates per call (a replay ratio, heavy priming's chunks)
+    runs one compiled program: the batch and noise of each update have the same layout whatever
+    the count."""
+    agent = make_agent(cfg=small_cfg(compile=True))
+    buf = ReplayBuffer(64, 5, 2, 1)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(64):
+        buf.add(torch.randn(1, 5, generator=g), torch.rand(1, 2, generator=g) * 2 - 1, torch.randn(1, generator=g),
+                torch.randn(1, 5, generator=g), torch.zeros(1))
+    before = counters["stats"]["unique_graphs"]
+    for count in (2, 5, 1):
+        agent.train_steps(buf, count, 8)
+    assert agent.num_updates == 8
+    assert counters["stats"]["unique_graphs"] - before == 1
+
+
 @pytest.mark.slow
 def test_compiled_bf16_tracks_fp32():
     """compile=true with precision=bf16 casts the weights inside the program: fp32 state, losses and

@@ -181,8 +181,11 @@ class Engine(nn.Module):
         return dict(self.last_metrics)
 
     def draw_noise(self, count: int, batch_size: int) -> Tensor:
-        """``[count, rows, N, B, A]`` noise of ``count`` updates from each seed's ``sample`` stream."""
-        return self.streams.randn("sample", (count, self.noise_rows, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4)
+        """``[count, rows, N, B, A]`` noise of ``count`` updates from each seed's ``sample`` stream,
+        in row-major strides (size-1 dimensions included, which ``contiguous()`` leaves as they
+        are): an update's slice has the same strides whatever ``count`` is, so a compiled program,
+        guarded on its arguments' strides, serves every ``count``."""
+        return self.streams.randn("sample", (count, self.noise_rows, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4).clone(memory_format=torch.contiguous_format)
 
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int,
                     before_last: Callable[[], None] | None = None) -> Metrics:
@@ -191,7 +194,7 @@ class Engine(nn.Module):
         update. Where the backend can (:meth:`_block_size`), ``compile_block`` updates run as one
         program call of the same loop. Returns the latest metrics."""
         idx = buffer.sample_indices(self.streams["sample"], (count, batch_size))
-        data = {k: v.transpose(0, 1).contiguous() for k, v in buffer.gather(idx).items()}
+        data = {k: v.transpose(0, 1).clone(memory_format=torch.contiguous_format) for k, v in buffer.gather(idx).items()}
         noise = self.draw_noise(count, batch_size)
         hook = count - 1 if before_last is not None else count
         r = 0
