@@ -9,9 +9,10 @@ the formula eager's ``penalty()`` differentiates) added, and the Adam/AdamW step
 penalties, optimizer step and the ``after()`` (a Polyak step) of the steps before the last as one
 graph and fuses their elementwise work (inductor's C++ code on the CPU; CUDA graphs on a GPU).
 On the CPU the program's matrix products, forward and backward, run as oneDNN batched matmuls
-(:mod:`sac_spectral.core.onednn`, an inductor pass; ATen's ``bmm`` with ``compile_products: aten``
-or, in one warning, where the operator cannot be built), the Adam steps as torch's fused kernel, and the program's calls from
-inductor's C++ wrapper rather than its Python one (0.93× the time per update at one seed).
+(:mod:`sac_spectral.core.onednn`, an inductor pass; ATen's ``bmm`` with ``compile_products:
+aten`` or, in one warning, where the operator cannot be built), the Adam steps as torch's fused
+kernel, and the program's calls from inductor's C++ wrapper rather than its Python one (0.93× the
+time per update at one seed).
 Consecutive steps form one program; a program ends after a step whose network has a regularizer
 that intervenes after steps (shrink & perturb, ReDo, resets…): the engine's loop then runs that
 ``after_step`` and only then the step's ``after()``, as eager does. The last step's ``after()``
