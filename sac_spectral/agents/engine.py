@@ -90,6 +90,14 @@ class Eager:
         return metrics
 
 
+def row_major(t: Tensor) -> Tensor:
+    """``t`` in row-major strides, size-1 dimensions included (``contiguous()`` leaves theirs as
+    they are): a call's per-update slices of batches and noise then have the same strides whatever
+    the number of updates per call, so a compiled program, guarded on its arguments' strides,
+    serves every count."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 class Engine(nn.Module):
     """The shared body of every agent (see the module docstring). A subclass builds its networks,
     then calls :meth:`_train` with its table; it writes :meth:`steps` and its losses."""
@@ -182,10 +190,8 @@ class Engine(nn.Module):
 
     def draw_noise(self, count: int, batch_size: int) -> Tensor:
         """``[count, rows, N, B, A]`` noise of ``count`` updates from each seed's ``sample`` stream,
-        in row-major strides (size-1 dimensions included, which ``contiguous()`` leaves as they
-        are): an update's slice has the same strides whatever ``count`` is, so a compiled program,
-        guarded on its arguments' strides, serves every ``count``."""
-        return self.streams.randn("sample", (count, self.noise_rows, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4).clone(memory_format=torch.contiguous_format)
+        in :func:`row_major` strides."""
+        return row_major(self.streams.randn("sample", (count, self.noise_rows, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4))
 
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int,
                     before_last: Callable[[], None] | None = None) -> Metrics:
@@ -194,7 +200,7 @@ class Engine(nn.Module):
         update. Where the backend can (:meth:`_block_size`), ``compile_block`` updates run as one
         program call of the same loop. Returns the latest metrics."""
         idx = buffer.sample_indices(self.streams["sample"], (count, batch_size))
-        data = {k: v.transpose(0, 1).clone(memory_format=torch.contiguous_format) for k, v in buffer.gather(idx).items()}
+        data = {k: row_major(v.transpose(0, 1)) for k, v in buffer.gather(idx).items()}
         noise = self.draw_noise(count, batch_size)
         hook = count - 1 if before_last is not None else count
         r = 0

@@ -6,7 +6,7 @@ by default serves a block of 128 KiB or more (a threshold it raises to the large
 far) with a fresh ``mmap`` and gives the free memory at the top of its heap back to the kernel
 once it exceeds twice that threshold: the next update's blocks are then new pages, and every page
 costs a page fault and the kernel's zeroing on first touch. A compiled update at ten seeds spent a
-third of its time there (65 against 37 ms per update on a 2-core AMD EPYC, one thread;
+third of its time there (58.6 against 36.8 ms per update on a 2-core AMD EPYC, one thread;
 ``benchmarks/heap.py``).
 
 :func:`configure_heap` fixes both thresholds with ``mallopt``: blocks below :data:`MMAP_THRESHOLD`
