@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sac_spectral.core import onednn  # noqa: E402
+from sac_spectral.core import native  # noqa: E402
 
 BATCH, WIDTH = 256, 256
 
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--members", default="1,2,10,20")
     args = parser.parse_args()
-    if (why := onednn.load()) is not None:
+    if (why := native.load()) is not None:
         raise SystemExit(f"oneDNN products are unavailable: {why}")
     torch.set_num_threads(1)
     model = platform.processor() or platform.machine()

@@ -5,10 +5,10 @@ import torch
 
 from sac_spectral.agents import SAC
 from sac_spectral.agents.config import SACConfig
-from sac_spectral.core import onednn
+from sac_spectral.core import native, onednn
 from sac_spectral.core.seeding import SeedStreams
 
-pytestmark = pytest.mark.skipif(onednn.load() is not None, reason="oneDNN products are unavailable here")
+pytestmark = pytest.mark.skipif(native.load() is not None, reason="oneDNN products are unavailable here")
 
 
 def _layouts(members: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -35,6 +35,19 @@ def test_member_bmm_equals_bmm_for_every_layout(members):
         out = torch.ops.sac_spectral.member_bmm(a, b)
         assert out.shape == (members, 9, 7) and out.is_contiguous(), name
         torch.testing.assert_close(out, torch.bmm(a, b), rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_member_bmm_reads_a_one_member_operand_in_place():
+    """The stride of a size-1 dimension is free: a one-member operand that is transposed but for its
+    member stride (a ``[batch, member, features]`` tensor of one seed read as ``[member, features,
+    batch]``) is read where it lies, not copied first, and the product is still bmm's."""
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(9, 1, 7, generator=g).permute(1, 2, 0), torch.randn(1, 9, 5, generator=g)
+    with torch.profiler.profile() as prof:
+        out = torch.ops.sac_spectral.member_bmm(a, b)
+    calls = {e.key for e in prof.key_averages()}
+    assert not calls & {"aten::contiguous", "aten::clone", "aten::copy_"}, calls
+    torch.testing.assert_close(out, torch.bmm(a, b), rtol=1e-5, atol=1e-5)
 
 
 def test_member_bmm_in_bf16_equals_bmm_to_bf16_rounding():

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from sac_spectral.core import native, optim
 from sac_spectral.core.optim import adam_state, adam_step_, make_optimizer
 
 
@@ -50,3 +51,27 @@ def test_compiled_adam_step_equals_eager_with_gradients_made_in_the_program():
         runs.append((params[0], *(s[0] for s in state)))
     for eager, compiled in zip(*runs):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(native.load() is not None, reason="the package's C++ kernels are unavailable here")
+@pytest.mark.parametrize("decoupled", [False, True])
+@pytest.mark.parametrize("step_dtype", [torch.float32, torch.float64])
+def test_the_cpu_kernel_of_the_adam_step_equals_its_composite_form(decoupled, step_dtype):
+    """The C++ CPU kernel of ``sac_spectral::adam_`` (what compiled CPU programs call) takes the step
+    of the operator's composite form (what other devices run), for a transposed gradient too, and
+    counts steps held in float32 (ours) or float64 (torch's optimizer under a float64 default)."""
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("sac_spectral::adam_", "CPU")
+    g = torch.Generator().manual_seed(3)
+    start = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g)]
+    runs = []
+    for fn in (torch.ops.sac_spectral.adam_, optim._adam):
+        params = [p.clone() for p in start]
+        state = ([torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params],
+                 [torch.zeros((), dtype=step_dtype) for _ in params])
+        for k in range(4):
+            grads = [torch.randn(4, 3, generator=torch.Generator().manual_seed(k)).t(), torch.full((5,), 0.5 - k)]
+            fn(params, grads, *state, 1e-2, 0.9, 0.999, 1e-8, 0.1, decoupled)
+        runs.append((*params, *state[0], *state[1], *state[2]))
+    for ours, composite in zip(*runs):
+        torch.testing.assert_close(ours, composite, rtol=1e-6, atol=1e-7)
+    assert [float(s) for s in runs[0][-2:]] == [4.0, 4.0]

@@ -120,9 +120,9 @@ def _import_inductor() -> None:
 def _cpu_products() -> dict[str, Any]:
     """Inductor's options for the CPU programs' products: oneDNN's (:mod:`sac_spectral.core.onednn`),
     or, in one warning where this torch build lacks them, ATen's ``bmm``."""
-    from sac_spectral.core import onednn
+    from sac_spectral.core import native, onednn
 
-    if (why := onednn.load()) is not None:
+    if (why := native.load()) is not None:
         warnings.warn(f"compiled products stay on torch.bmm: {why}", stacklevel=2)
         return {}
     return {"post_grad_custom_post_pass": onednn.OneDnnProducts()}

@@ -5,43 +5,30 @@ Intel's: on an AMD EPYC with full-width AVX-512, a 256×256×256 fp32 product ru
 in ``torch.bmm`` and ≈ 220 GFLOP/s in oneDNN, which torch also ships (``benchmarks/onednn_products.py``).
 The operator ``sac_spectral::member_bmm(a, b)`` is ``torch.bmm(a, b)`` as one oneDNN batched
 matmul (``onednn.cpp``: the entry ATen uses for its bf16 products, which reads row-major or
-transposed operands in place); :func:`load` builds it once per machine with torch's C++ extension
-builder (the C++ compiler a compiled update needs anyway) and loads it. :class:`OneDnnProducts` is
-an inductor pass over the differentiated graph of a compiled update: it replaces every fp32 or
-bf16 CPU ``bmm`` of the forward and backward products with that operator; the elementwise work
-around them stays in inductor's fused kernels. Products of the same operands agree with MKL's to
+transposed operands in place), its kernel built by :func:`sac_spectral.core.native.load`.
+:class:`OneDnnProducts` is an inductor pass over the differentiated graph of a compiled update:
+it replaces every fp32 or bf16 CPU ``bmm`` of the forward and backward products with that
+operator; the elementwise work around them stays in inductor's fused kernels. Products of the same operands agree with MKL's to
 rounding (they sum in another order).
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from sac_spectral.core.native import SOURCES
+
 #: the dtypes whose products go to oneDNN
 DTYPES = (torch.float32, torch.bfloat16)
-SOURCE = Path(__file__).with_name("onednn.cpp")
+
+_LIBRARY = torch.library.Library("sac_spectral", "FRAGMENT")
+_LIBRARY.define("member_bmm(Tensor a, Tensor b) -> Tensor", tags=(torch.Tag.flexible_layout,))
 
 
-@functools.cache
-def load() -> str | None:
-    """Build (once per machine; torch caches the build) and load ``sac_spectral::member_bmm``:
-    ``None``, or why the operator is unavailable here."""
-    if not torch.backends.mkldnn.is_available():
-        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
-    from torch.utils import cpp_extension
-
-    try:
-        cpp_extension.load("sac_spectral_onednn", [str(SOURCE)], extra_cflags=["-O2"], is_python_module=False)
-    except Exception as error:  # a missing compiler or ninja, or a torch without the entry point
-        return f"building {SOURCE.name} failed: {str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__}"
-    torch.library.register_fake("sac_spectral::member_bmm")(_member_bmm_shape)
-    return None
-
-
+@torch.library.register_fake("sac_spectral::member_bmm")
 def _member_bmm_shape(a: Tensor, b: Tensor) -> Tensor:
     return a.new_empty(a.shape[0], a.shape[1], b.shape[2])
 
@@ -51,7 +38,7 @@ _SWAP = [0, 2, 1]
 
 class OneDnnProducts(torch._inductor.custom_graph_pass.CustomGraphPass):
     """Inductor's post-grad pass that sends the graph's CPU ``bmm`` products to ``member_bmm``
-    (call :func:`load` first).
+    (call :func:`sac_spectral.core.native.load` first).
     A product read only through its transpose (autograd's weight gradients, ``(xᵀg)ᵀ``) is formed
     transposed, ``gᵀx``, so that it comes out in the weight's own layout (the fused Adam step reads
     it without a copy)."""
@@ -82,5 +69,5 @@ class OneDnnProducts(torch._inductor.custom_graph_pass.CustomGraphPass):
             graph.erase_node(node)
 
     def uuid(self) -> bytes:
-        """The hash of this file and the operator's: inductor's cache keys a program by its passes."""
-        return torch._inductor.custom_graph_pass.get_hash_for_files((str(Path(__file__).resolve()), str(SOURCE)))
+        """The hash of this file and the kernels': inductor's cache keys a program by its passes."""
+        return torch._inductor.custom_graph_pass.get_hash_for_files((str(Path(__file__).resolve()), *map(str, SOURCES)))
