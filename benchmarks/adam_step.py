@@ -22,7 +22,7 @@ from pathlib import Path
 os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cpp_gemm import cpu_flags  # noqa: E402
+from benchmarks.machine import cpu_flags  # noqa: E402
 
 OBS, ACT, WIDTH = 17, 6, 256
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import statistics
 import sys
 import time
@@ -41,6 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import build, sac_config, time_updates  # noqa: E402
+from benchmarks.machine import machine_line  # noqa: E402
 from sac_spectral.core import native, nets, onednn  # noqa: E402
 
 MM = {"on": False}
@@ -74,11 +74,6 @@ def _patch_bmm_template() -> None:
         return options
 
     CppBmmTemplate.get_options = _bmm_options
-
-
-def cpu_flags() -> str:
-    flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0] if platform.system() == "Linux" else ""
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags)
 
 
 def _micro(fn: Callable[[], Any], calls: int = 200) -> float:
@@ -148,7 +143,7 @@ def main() -> None:
     for r in range(args.rounds):
         for name in list(agents) if r % 2 == 0 else list(agents)[::-1]:
             times[name].append(time_updates(agents[name], buf, 256, args.updates) * 1e3)
-    print(f"cpu: {platform.processor() or platform.machine()} flags: {cpu_flags()}; 1 thread; {args.seeds} seed(s); "
+    print(f"{machine_line()}; 1 thread; {args.seeds} seed(s); "
           f"load average {load:.2f} → {os.getloadavg()[0]:.2f}")
     for name, values in times.items():
         ratio = statistics.median(v / t for v, t in zip(values, times["today"]))

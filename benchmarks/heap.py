@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cpp_gemm import cpu_flags  # noqa: E402
+from benchmarks.machine import cpu_flags  # noqa: E402
 
 SETTINGS = {"glibc default": {"GLIBC_TUNABLES": ""}, "configured": {}}
 

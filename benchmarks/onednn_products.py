@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -23,14 +22,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.machine import machine_line  # noqa: E402
 from sac_spectral.core import native  # noqa: E402
 
 BATCH, WIDTH = 256, 256
-
-
-def cpu_flags() -> str:
-    flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0] if platform.system() == "Linux" else ""
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags)
 
 
 def seconds(fn: Callable[[], torch.Tensor], calls: int) -> float:
@@ -48,8 +43,7 @@ def main() -> None:
     if (why := native.load()) is not None:
         raise SystemExit(f"oneDNN products are unavailable: {why}")
     torch.set_num_threads(1)
-    model = platform.processor() or platform.machine()
-    print(f"cpu: {model}, flags: {cpu_flags()}; 1 thread; torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}")
+    print(f"{machine_line()}; 1 thread; torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}")
     print(f"{'members':>7} {'product':>14} {'MKL GFLOP/s':>12} {'oneDNN GFLOP/s':>15} {'oneDNN / MKL':>13}")
     g = torch.Generator().manual_seed(0)
     for m in (int(v) for v in args.members.split(",")):

@@ -61,6 +61,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/vs_jax.py` imports this checkout's packages
 
+from benchmarks.machine import machine_line  # noqa: E402
+
 if TYPE_CHECKING:
     from sac_spectral.agents import SAC
     from sac_spectral.core.nets import BatchedLinear, BatchedMLP
@@ -335,7 +337,8 @@ def main() -> None:
     print(HEADER)
     print(f"ours: compile={'true' if args.compile else 'false'} compile_block={args.block}")
     print(f"K = {args.updates} updates per block, {args.rounds} rounds; load average before: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; cores: {len(os.sched_getaffinity(0))}")
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(machine_line())
     if not args.skip_check:
         for seeds in (1, 2):
             diff = check(seeds, args.compile)

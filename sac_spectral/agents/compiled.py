@@ -11,8 +11,8 @@ graph and fuses their elementwise work (inductor's C++ code on the CPU; CUDA gra
 On the CPU the program's matrix products, forward and backward, run as oneDNN batched matmuls
 (:mod:`sac_spectral.core.onednn`, an inductor pass; ATen's ``bmm`` with ``compile_products:
 aten`` or, in one warning, where the operator cannot be built), the Adam steps as torch's fused
-kernel, and the program's calls from inductor's C++ wrapper rather than its Python one (0.93× the
-time per update at one seed).
+kernel (its CPU kernel in C++: :mod:`sac_spectral.core.native`), and the program's calls from
+inductor's C++ wrapper rather than its Python one (0.93× the time per update at one seed).
 Consecutive steps form one program; a program ends after a step whose network has a regularizer
 that intervenes after steps (shrink & perturb, ReDo, resets…): the engine's loop then runs that
 ``after_step`` and only then the step's ``after()``, as eager does. The last step's ``after()``
