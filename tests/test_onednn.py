@@ -37,12 +37,22 @@ def test_member_bmm_equals_bmm_for_every_layout(members):
         torch.testing.assert_close(out, torch.bmm(a, b), rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_member_bmm_reads_a_one_member_operand_in_place():
-    """The stride of a size-1 dimension is free: a one-member operand that is transposed but for its
-    member stride (a ``[batch, member, features]`` tensor of one seed read as ``[member, features,
-    batch]``) is read where it lies, not copied first, and the product is still bmm's."""
+@pytest.mark.parametrize("case", ["one member, transposed but for its member stride", "shared by the members",
+                                  "shared and transposed"])
+def test_member_bmm_reads_one_member_and_shared_operands_in_place(case):
+    """Operands that ``mkldnn_matmul`` would otherwise copy first are read where they lie: a
+    one-member operand transposed but for the (free) stride of its member dimension (one seed's
+    ``[batch, member, features]`` read as ``[member, features, batch]``), and an operand the members
+    share (expanded, stride 0: the critics' common input), which oneDNN broadcasts. The product is
+    still bmm's."""
     g = torch.Generator().manual_seed(2)
-    a, b = torch.randn(9, 1, 7, generator=g).permute(1, 2, 0), torch.randn(1, 9, 5, generator=g)
+    a, b = {
+        "one member, transposed but for its member stride": (
+            torch.randn(9, 1, 7, generator=g).permute(1, 2, 0), torch.randn(1, 9, 5, generator=g)),
+        "shared by the members": (torch.randn(1, 7, 9, generator=g).expand(3, 7, 9), torch.randn(3, 9, 5, generator=g)),
+        "shared and transposed": (torch.randn(3, 7, 9, generator=g),
+                                  torch.randn(1, 5, 9, generator=g).expand(3, 5, 9).transpose(1, 2)),
+    }[case]
     with torch.profiler.profile() as prof:
         out = torch.ops.sac_spectral.member_bmm(a, b)
     calls = {e.key for e in prof.key_averages()}

@@ -32,11 +32,20 @@ at::Tensor dense_strides(const at::Tensor& t) {
   return t;
 }
 
+bool shared(const at::Tensor& t) { return t.size(0) > 1 && t.stride(0) == 0; }
+
+// An operand that all members share (a batch dimension expanded with stride 0, the critics' common
+// input) is passed as its one member: oneDNN broadcasts it over the other operand's members,
+// where mkldnn_matmul would copy the expanded tensor first.
+at::Tensor one_if_shared(const at::Tensor& t, const at::Tensor& other) {
+  return shared(t) && !shared(other) ? t.narrow(0, 0, 1) : t;
+}
+
 at::Tensor member_bmm(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
               "member_bmm: expected a [M, n, k] and b [M, k, p], got ", a.sizes(), " and ", b.sizes());
   at::Tensor out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
-  at::native::mkldnn_matmul(dense_strides(a), dense_strides(b), out, 0.0f, 1.0f);
+  at::native::mkldnn_matmul(dense_strides(one_if_shared(a, b)), dense_strides(one_if_shared(b, a)), out, 0.0f, 1.0f);
   return out;
 }
 

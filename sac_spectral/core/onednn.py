@@ -5,11 +5,12 @@ Intel's: on an AMD EPYC with full-width AVX-512, a 256×256×256 fp32 product ru
 in ``torch.bmm`` and ≈ 220 GFLOP/s in oneDNN, which torch also ships (``benchmarks/onednn_products.py``).
 The operator ``sac_spectral::member_bmm(a, b)`` is ``torch.bmm(a, b)`` as one oneDNN batched
 matmul (``onednn.cpp``: the entry ATen uses for its bf16 products, which reads row-major or
-transposed operands in place), its kernel built by :func:`sac_spectral.core.native.load`.
+transposed operands in place; one-member operands and operands the members share are passed so
+that it does not copy them), its kernel built by :func:`sac_spectral.core.native.load`.
 :class:`OneDnnProducts` is an inductor pass over the differentiated graph of a compiled update:
 it replaces every fp32 or bf16 CPU ``bmm`` of the forward and backward products with that
-operator; the elementwise work around them stays in inductor's fused kernels. Products of the same operands agree with MKL's to
-rounding (they sum in another order).
+operator; the elementwise work around them stays in inductor's fused kernels. Products of the
+same operands agree with MKL's to rounding (they sum in another order).
 """
 
 from __future__ import annotations
