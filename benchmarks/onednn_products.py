@@ -6,7 +6,8 @@
 For each member count and each product an update forms with 2×256 networks and batch 256 (the
 forward ``x·Wᵀ``, the input gradient ``g·W``, the weight gradient ``gᵀ·x``; operands in the layouts
 the compiled update passes), the median over rounds of each kernel's GFLOP/s and their ratio,
-timed interleaved in one process.
+timed interleaved in one process. Last, each kernel's cost per call before any arithmetic: the µs
+of a 1×1×1 product, called from Python.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def main() -> None:
             flops = 2 * m * BATCH * WIDTH * WIDTH
             rate = {k: flops / statistics.median(v) / 1e9 for k, v in times.items()}
             print(f"{m:>7} {name:>14} {rate['mkl']:>12.0f} {rate['onednn']:>15.0f} {rate['onednn'] / rate['mkl']:>13.2f}")
+    a, b = torch.ones(1, 1, 1), torch.ones(1, 1, 1)
+    per_call = {name: statistics.median(seconds(fn, 2000) for _ in range(args.rounds)) * 1e6 for name, fn in (
+        ("torch.bmm", lambda: torch.bmm(a, b)), ("member_bmm", lambda: torch.ops.sac_spectral.member_bmm(a, b)))}
+    print("per call, a 1×1×1 product: " + ", ".join(f"{name} {us:.1f} µs" for name, us in per_call.items()))
 
 
 if __name__ == "__main__":
