@@ -5,7 +5,7 @@
 
 The parameters of plain SAC with cheetah-run shapes (an actor and two critics, 2×256, N seeds as
 members): ours is :func:`sac_spectral.core.optim.adam_step_` (torch's fused kernel as an operator)
-on them, called as a compiled program calls it; optax's is ``optax.adam`` with ``apply_updates``
+on them, through the operator's C++ CPU kernel as a compiled program calls it; optax's is ``optax.adam`` with ``apply_updates``
 in one jitted function whose state buffers are donated. Prints the median ms per step of each and
 ours / optax, with the CPU flags and the load average.
 """
@@ -51,8 +51,11 @@ def main() -> None:
     import optax
     import torch
 
+    from sac_spectral.core import native
     from sac_spectral.core.optim import adam_step_
 
+    if (why := native.load()) is not None:
+        sys.exit(f"adam_step: the C++ kernels are unavailable here: {why}")
     torch.set_num_threads(1)
     print(f"cpu flags: {cpu_flags()}; 1 thread; load average {os.getloadavg()[0]:.2f}")
     for n in (int(v) for v in args.seeds.split(",")):
