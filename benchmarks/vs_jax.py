@@ -4,6 +4,7 @@
     python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check] [--compile]
     python benchmarks/vs_jax.py --compile --block 8 --configs 1x1,10x1     # block rows: ours 8 updates per call vs a scan of 8
     python benchmarks/vs_jax.py --compile --block 8 --split                 # and each side's matmul time in its update
+    python benchmarks/vs_jax.py --compile --configs 1x1 --processes 4       # rounds in 4 fresh sets of workers
 
 Both sides run plain SAC (no regularizers) with cheetah-run dimensions (obs 17, action 6), 2×256
 ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is the JAX side).
@@ -21,7 +22,9 @@ ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is
    torch/OpenMP 1 thread, XLA without multi-threaded Eigen and intra-op threads 1, both workers
    pinned to the same core). Per round the parent times one block of K updates on each side in
    turn (alternating which goes first); figures are medians over rounds, ``ours/jax`` is the
-   median of the per-round ratios (> 1: JAX is faster). ``1x2busy``: 2 threads while a busy loop
+   median of the per-round ratios (> 1: JAX is faster). ``--processes P`` times the rounds in P
+   fresh sets of workers, one after another, and pools all P × rounds samples: one process's
+   speed can differ from the next one's by up to ±15 % on a VM, which one set of workers keeps. ``1x2busy``: 2 threads while a busy loop
    started by this script spins in another process; ``1x2``: without it (other load on the
    machine is not controlled: the load averages before and after are printed). ``1xauto-busy``:
    both sides with their default thread count, the busy loop running from before they start: ours
@@ -200,16 +203,23 @@ class Worker:
 
 # ----------------------------------------------------------------------------- timing
 def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
-    """Seconds per update of each side, one sample per round (``spectral``: ours with the default
-    regularizers, 1x1 only)."""
+    """Seconds per update of each side, one sample per round, over ``args.processes`` fresh sets of
+    workers (``spectral``: ours with the default regularizers, 1x1 only)."""
+    sides = {"ours": "ours", "jax": "jax"} | ({"spectral": "ours-spectral"} if name == "1x1" else {})
+    samples: dict[str, list[float]] = {k: [] for k in [*sides, "scan"] + (["ours-mm", "jax-mm"] if args.split else [])}
+    for _ in range(args.processes):
+        time_workers(name, sides, args, samples)
+    return samples
+
+
+def time_workers(name: str, sides: dict[str, str], args: argparse.Namespace, samples: dict[str, list[float]]) -> None:
+    """Start one worker per side, warm them up, append ``args.rounds`` rounds to ``samples``."""
     seeds, threads, busy, _ = CONFIGS[name]
     core = max(os.sched_getaffinity(0)) if threads == 1 else -1
-    sides = {"ours": "ours", "jax": "jax"} | ({"spectral": "ours-spectral"} if name == "1x1" else {})
     # threads=0: the co-runner is there from the start, when ours chooses its thread count
     spin = [sys.executable, "-c", "while True: pass"]
     spinner = subprocess.Popen(spin) if busy and not threads else None
     workers: dict[str, Worker] = {}
-    samples: dict[str, list[float]] = {k: [] for k in [*sides, "scan"] + (["ours-mm", "jax-mm"] if args.split else [])}
     try:
         workers.update({k: Worker(side, seeds, threads, core, args) for k, side in sides.items()})
         for w in workers.values():
@@ -231,7 +241,6 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
             spinner.wait()
         for w in workers.values():
             w.close()
-    return samples
 
 
 def report(name: str, s: dict[str, list[float]]) -> tuple[float, float]:
@@ -309,6 +318,8 @@ def check(seeds: int, compile: bool) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--processes", type=int, default=1, help="time the rounds in this many fresh sets of worker "
+                   "processes, one after another (one process's speed varies by up to ±15 %% on some VMs)")
     p.add_argument("--updates", type=int, default=20, help="K: updates per timed block")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     p.add_argument("--skip-check", action="store_true")
@@ -336,7 +347,10 @@ def main() -> None:
         p.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
     print(HEADER)
     print(f"ours: compile={'true' if args.compile else 'false'} compile_block={args.block}")
-    print(f"K = {args.updates} updates per block, {args.rounds} rounds; load average before: "
+    if args.processes < 1:
+        p.error(f"--processes must be at least 1, got {args.processes}")
+    print(f"K = {args.updates} updates per block, {args.rounds} rounds × {args.processes} set(s) of workers; "
+          f"load average before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(machine_line())
     if not args.skip_check:
