@@ -207,8 +207,11 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     workers (``spectral``: ours with the default regularizers, 1x1 only)."""
     sides = {"ours": "ours", "jax": "jax"} | ({"spectral": "ours-spectral"} if name == "1x1" else {})
     samples: dict[str, list[float]] = {k: [] for k in [*sides, "scan"] + (["ours-mm", "jax-mm"] if args.split else [])}
-    for _ in range(args.processes):
+    for i in range(args.processes):
         time_workers(name, sides, args, samples)
+        if args.processes > 1:
+            last = {k: statistics.median(samples[k][-args.rounds:]) * 1e3 for k in ("ours", "jax", "scan")}
+            print(f"  workers {i + 1}: ours {last['ours']:.3f} ms  jax {last['jax']:.3f} ms  jax scan {last['scan']:.3f} ms")
     return samples
 
 
