@@ -15,21 +15,13 @@ the fused bias (``bmm``), which shows what the bias costs in each precision.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
 
-from benchmarks.common import interleaved_medians
+from benchmarks.common import interleaved_medians, per_call_us
 
 SHAPES = ((17, 256), (23, 256), (256, 256), (256, 6), (256, 12), (256, 1))
-
-
-def per_call_us(fn: Callable[[], object], calls: int = 100) -> float:
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t) / calls * 1e6
 
 
 def products(members: int, fan_in: int, fan_out: int, batch: int, dtype: torch.dtype) -> dict[str, Callable[[], object]]:
@@ -63,7 +55,7 @@ def main() -> None:
     for members in args.members:
         for fan_in, fan_out in SHAPES:
             timed = {
-                (dt, n): (lambda fn=fn: per_call_us(fn))
+                (dt, n): (lambda fn=fn: per_call_us(fn, 100))
                 for dt in (torch.float32, torch.bfloat16)
                 for n, fn in products(members, fan_in, fan_out, args.batch, dt).items()
             }

@@ -53,6 +53,22 @@ def time_updates(agent: SAC, buf: ReplayBuffer, batch: int, count: int, calls: i
     return (time.perf_counter() - t) / (count * calls)
 
 
+def per_call_us(fn: Callable[[], object], calls: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """µs per call over ``calls`` calls of ``fn``, by ``clock``."""
+    start = clock()
+    for _ in range(calls):
+        fn()
+    return (clock() - start) / calls * 1e6
+
+
+def median_per_call_us(fn: Callable[[], object], calls: int, repeats: int, warmup: int = 1,
+                       clock: Callable[[], float] = time.perf_counter) -> float:
+    """The median over ``repeats`` blocks of :func:`per_call_us`, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(per_call_us(fn, calls, clock) for _ in range(repeats))
+
+
 def interleaved_medians(fns: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
     """Call every function once per round for ``repeats`` rounds; the median of each."""
     samples: dict[str, list[float]] = {k: [] for k in fns}

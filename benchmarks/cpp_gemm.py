@@ -4,7 +4,7 @@ epilogue on this CPU, and what does it save?
     python benchmarks/cpp_gemm.py [--rounds 9] [--updates 40] [--seeds 1] [--spectral]
 
 1. One layer, ``relu(x·Wᵀ + b)`` with ``[M, 256, 256]`` operands, compiled three ways and timed
-   (µs, median of 7): inductor's C++ GEMM template with ``max_autotune`` (the bias and ReLU in the
+   (µs, median of 7 blocks of 200 calls): inductor's C++ GEMM template with ``max_autotune`` (the bias and ReLU in the
    GEMM's epilogue), the shipped oneDNN product with the bias and ReLU in a separate fused kernel,
    and ATen's ``bmm`` (MKL) with the same kernel.
 2. Four compiled updates of the same agent (plain SAC, cheetah-run shapes, 2×256, batch 256, one
@@ -32,14 +32,13 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import build, sac_config, time_updates  # noqa: E402
+from benchmarks.common import build, median_per_call_us, sac_config, time_updates  # noqa: E402
 from benchmarks.machine import machine_line  # noqa: E402
 from sac_spectral.core import native, nets, onednn  # noqa: E402
 
@@ -76,19 +75,6 @@ def _patch_bmm_template() -> None:
     CppBmmTemplate.get_options = _bmm_options
 
 
-def _micro(fn: Callable[[], Any], calls: int = 200) -> float:
-    """µs per call, median of 7 timings after a warm-up."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(7):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
-
-
 def layers() -> None:
     """Table 1: one layer's forward, with and without the epilogue in the GEMM."""
     def layer(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -106,7 +92,7 @@ def layers() -> None:
             compiled = torch.compile(layer, dynamic=False, options=options)
             compiled(x, w, b)
             BMM["on"] = False
-            row.append(_micro(lambda: compiled(x, w, b)))
+            row.append(median_per_call_us(lambda: compiled(x, w, b), 200, 7, warmup=20))
         print(f"{members:>7}" + "".join(f"{t:>30.1f}" for t in row), flush=True)
 
 

@@ -16,24 +16,16 @@ import argparse
 import os
 import statistics
 import sys
-import time
-from collections.abc import Callable
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import median_per_call_us, per_call_us  # noqa: E402
 from benchmarks.machine import machine_line  # noqa: E402
 from sac_spectral.core import native  # noqa: E402
 
 BATCH, WIDTH = 256, 256
-
-
-def seconds(fn: Callable[[], torch.Tensor], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
 
 
 def main() -> None:
@@ -56,13 +48,13 @@ def main() -> None:
             torch.testing.assert_close(torch.ops.sac_spectral.member_bmm(a, b), torch.bmm(a, b), rtol=1e-4, atol=1e-3)
             times: dict[str, list[float]] = {"mkl": [], "onednn": []}
             for _ in range(args.rounds):
-                times["mkl"].append(seconds(lambda: torch.bmm(a, b), calls))
-                times["onednn"].append(seconds(lambda: torch.ops.sac_spectral.member_bmm(a, b), calls))
+                times["mkl"].append(per_call_us(lambda: torch.bmm(a, b), calls))
+                times["onednn"].append(per_call_us(lambda: torch.ops.sac_spectral.member_bmm(a, b), calls))
             flops = 2 * m * BATCH * WIDTH * WIDTH
-            rate = {k: flops / statistics.median(v) / 1e9 for k, v in times.items()}
+            rate = {k: flops / statistics.median(v) / 1e3 for k, v in times.items()}
             print(f"{m:>7} {name:>14} {rate['mkl']:>12.0f} {rate['onednn']:>15.0f} {rate['onednn'] / rate['mkl']:>13.2f}")
     a, b = torch.ones(1, 1, 1), torch.ones(1, 1, 1)
-    per_call = {name: statistics.median(seconds(fn, 2000) for _ in range(args.rounds)) * 1e6 for name, fn in (
+    per_call = {name: median_per_call_us(fn, 2000, args.rounds, warmup=0) for name, fn in (
         ("torch.bmm", lambda: torch.bmm(a, b)), ("member_bmm", lambda: torch.ops.sac_spectral.member_bmm(a, b)))}
     print("per call, a 1×1×1 product: " + ", ".join(f"{name} {us:.1f} µs" for name, us in per_call.items()))
 

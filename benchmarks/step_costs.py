@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
 import time
 from collections.abc import Callable
 
@@ -24,8 +23,9 @@ import torch
 from tqdm import tqdm
 
 import sac_spectral  # noqa: F401  (before torch: OpenMP settings)
+from benchmarks.common import median_per_call_us
 from sac_spectral.agents import SAC, ReplayBuffer
-from sac_spectral.agents.networks import tanh_gaussian
+from sac_spectral.agents.networks import actor_mean_log_std, tanh_gaussian
 from sac_spectral.envs import EnvPool
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.apps.rl.train import TrainConfig
@@ -33,14 +33,7 @@ from sac_spectral.apps.rl.train import TrainConfig
 
 def cost(fn: Callable[[], object], repeats: int, n: int = 2000) -> float:
     """Median over ``repeats`` blocks of µs of thread CPU time per call."""
-    fn()
-    out = []
-    for _ in range(repeats):
-        t = time.thread_time()
-        for _ in range(n):
-            fn()
-        out.append((time.thread_time() - t) / n * 1e6)
-    return statistics.median(out)
+    return median_per_call_us(fn, n, repeats, clock=time.thread_time)
 
 
 def main() -> None:
@@ -84,11 +77,12 @@ def main() -> None:
     results = {name: cost(fn, args.repeats) for name, fn in rows.items()}
     with torch.inference_mode():  # the pieces of SAC.act, inside one inference-mode block as there
         x = obs.unsqueeze(1)
-        mean, log_std = agent._mean_log_std(x)
+        mean, log_std = actor_mean_log_std(agent.actor, x, agent.cfg.actor)
         noise = streams.randn("act", (1, pool.act_dim))
         pieces = {
             "act:   actor forward (BatchedMLP, one observation)": lambda: agent.actor(x),
-            "act:   mean and log-std from the actor (forward included)": lambda: agent._mean_log_std(x),
+            "act:   mean and log-std from the actor (forward included)":
+                lambda: actor_mean_log_std(agent.actor, x, agent.cfg.actor),
             "act:   exploration noise (SeedStreams.randn)": lambda: streams.randn("act", (1, pool.act_dim)),
             "act:   tanh_gaussian (sample and log-density)": lambda: tanh_gaussian(mean, log_std, noise),
             "act:   tanh(mean + exp(log_std)·noise) (sample only)": lambda: torch.tanh(mean + log_std.exp() * noise),
