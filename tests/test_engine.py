@@ -126,6 +126,37 @@ def test_compiled_and_blocks_equal_eager_for_every_intervention(cls, interventio
     _assert_equal(resumed, eager, [resumed.update(batch, noise)], [eager.update(batch, noise)])
 
 
+SPECTRAL_OPTIONS = {
+    "init-k1": {"target": "init", "k": 1.0},
+    "no-bias-hidden": {"bias": False, "layers": "hidden", "target": "init"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("float64")
+@pytest.mark.parametrize("options", list(SPECTRAL_OPTIONS), ids=str)
+def test_compiled_equals_eager_for_the_spectral_options(options):
+    """The spectral regularizer's ``target``, ``bias``, ``k`` and ``layers`` options on SAC's actor
+    and critics: compiled updates in blocks of 3 equal eager ones, and the recorded targets are in
+    the regularizers' state, which a resumed agent continues from."""
+    def config(**kw) -> TrainConfig:
+        cfg = _config("sac", "none", **kw)
+        for net in (cfg.actor, cfg.critic):
+            net.regularizers = [{"name": "spectral", "coef": 1e-2, **SPECTRAL_OPTIONS[options]}]
+        return cfg
+
+    eager, eager_infos, _ = _train(SAC, config())
+    comp, comp_infos, _ = _train(SAC, config(compile=True, compile_block=3))
+    _assert_equal(comp, eager, comp_infos, eager_infos)
+    assert all("sigma0" in t.regularizers[0].state_dict() for t in eager.trained.values())
+    resumed = SAC(5, 2, config(), SeedStreams([0, 1]))
+    resumed.load_full_state_dict(copy.deepcopy(comp.full_state_dict()))
+    g = torch.Generator().manual_seed(1)
+    batch = {k: v.transpose(0, 1)[0] for k, v in _buffer(2).gather(torch.randint(64, (2, 1, 16), generator=g)).items()}
+    noise = torch.randn(eager.noise_rows, 2, 16, 2, generator=g)
+    _assert_equal(resumed, eager, [resumed.update(batch, noise)], [eager.update(batch, noise)])
+
+
 @pytest.mark.parametrize("name", ["sac", "td3"])
 def test_an_agent_state_of_the_earlier_layout_loads_and_trains_on_as_it_did(name):
     """``data/agent_state_v1.pt``: SAC's and TD3's state in the layout before the engine (one key per

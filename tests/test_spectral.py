@@ -278,3 +278,94 @@ def test_same_shape_layers_are_power_iterated_as_one_batch_with_the_per_layer_re
         u, v = expected[f"u{i}"], expected[f"v{i}"]
         power_step(view.weight().detach(), u, v)
         assert torch.equal(reg.state[f"u{i}"], u) and torch.equal(reg.state[f"v{i}"], v)
+
+
+@pytest.mark.parametrize("mode", ["max", "all"])
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["mlp", "layer-norm"])
+def test_target_init_gives_zero_penalty_and_gradient_at_construction(mode, layer_norm):
+    """``target="init"`` pulls each layer toward its own σ at construction: on a fresh orthogonally
+    initialized network (σ_max = √2 per hidden layer, where ``target="one"`` is far from 0) the
+    penalty is below 1e-3 of ``target="one"``'s and the gradient is 0."""
+    torch.manual_seed(0)
+    net = BatchedMLP(2, 5, [16, 16], 3, layer_norm=layer_norm)
+    one = Spectral(net, coef=1.0, mode=mode).penalty()
+    init = Spectral(net, coef=1.0, mode=mode, target="init")
+    value, grads = init.penalty_and_grads([p.detach() for p in init.penalized()])
+    assert one.item() > 1.0
+    assert value.item() < 1e-3 * one.item()
+    assert max(g.abs().max().item() for g in grads) < 1e-5
+
+
+def _reference_init_penalty(model, sigma0, bias0, k, bias):
+    total = torch.zeros((), dtype=torch.float64)
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    for m, s0, b0 in zip(layers, sigma0, bias0):
+        total = total + (torch.linalg.matrix_norm(m.weight, ord=2) ** k - s0**k) ** 2
+        if bias:
+            total = total + (m.bias.norm() ** k - b0**k) ** 2
+    return total
+
+
+@pytest.mark.parametrize(("k", "bias"), [(1.0, True), (2.0, True), (2.0, False), (3.0, True)])
+def test_target_init_value_and_gradient_match_finite_differences(k, bias):
+    """After the weights move away from their initialization, the ``target="init"`` penalty equals
+    ``coef·Σ[(σ^k − σ₀^k)² + (‖b‖^k − ‖b₀‖^k)²]`` (σ₀, ‖b₀‖ exact at construction; no bias term with
+    ``bias=False``) and its gradient that formula's finite differences."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4)).double()
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    sigma0 = [torch.linalg.matrix_norm(m.weight, ord=2).detach() for m in layers]
+    bias0 = [m.bias.norm().detach() for m in layers]
+    reg = Spectral(model, coef=0.3, k=k, target="init", bias=bias)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    for _ in range(300):
+        reg.penalty()
+    pen = reg.penalty()
+    reference = lambda: 0.3 * _reference_init_penalty(model, sigma0, bias0, k, bias)  # noqa: E731
+    torch.testing.assert_close(pen, reference(), rtol=1e-8, atol=1e-10)
+    pen.backward()
+    eps = 1e-6
+    for p in model.parameters():
+        flat = p.data.view(-1)
+        for idx in range(0, flat.numel(), 3):
+            orig = flat[idx].item()
+            flat[idx] = orig + eps
+            up = reference().item()
+            flat[idx] = orig - eps
+            down = reference().item()
+            flat[idx] = orig
+            fd = (up - down) / (2 * eps)
+            grad = 0.0 if p.grad is None else p.grad.view(-1)[idx].item()
+            assert grad == pytest.approx(fd, rel=1e-4, abs=1e-7)
+
+
+def test_bias_false_leaves_biases_alone():
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 4))
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.bias.fill_(3.0)
+    reg = Spectral(model, coef=1.0, bias=False)
+    reg.penalty().backward()
+    assert all(m.bias.grad is None or not m.bias.grad.any() for m in model.modules() if isinstance(m, nn.Linear))
+    assert all(m.weight.grad.abs().sum() > 0 for m in model.modules() if isinstance(m, nn.Linear))
+
+
+@pytest.mark.parametrize("mode", ["max", "all"])
+def test_target_init_state_survives_a_state_dict_roundtrip(mode):
+    """The recorded targets are state: a regularizer built on other weights and loaded from the
+    first one's state dict penalizes toward the first one's initialization."""
+    torch.manual_seed(0)
+    a_net, b_net = BatchedMLP(2, 5, [8, 8], 2), BatchedMLP(2, 5, [8, 8], 2)
+    a = Spectral(a_net, coef=1.0, mode=mode, target="init")
+    b = Spectral(b_net, coef=1.0, mode=mode, target="init")
+    with torch.no_grad():
+        for p in a_net.parameters():
+            p.mul_(1.5)
+    b_net.load_state_dict(a_net.state_dict())
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b.penalty(), a.penalty())
+    assert b.penalty().item() > 1e-2
+    assert sorted(Spectral(b_net, mode=mode).state_dict()) == sorted(k for k in a.state_dict() if k[0] in "uv")

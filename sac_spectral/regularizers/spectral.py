@@ -1,8 +1,13 @@
 """Spectral regularization (Lewandowski et al., "Learning Continually by Spectral
 Regularization", ICLR 2025, arXiv:2406.06811).
 
-    mode=max:  R(θ) = Σ_l [ (σ_max(W_l)^k − 1)² + (‖b_l‖₂^k)² ]
-    mode=all:  R(θ) = Σ_l [ Σ_j (σ_j(W_l)^k − 1)² + (‖b_l‖₂^k)² ]          penalty = coef · R
+    mode=max:  R(θ) = Σ_l [ (σ_max(W_l)^k − s_l^k)² + (‖b_l‖₂^k − c_l^k)² ]
+    mode=all:  R(θ) = Σ_l [ Σ_j (σ_j(W_l)^k − s_lj^k)² + (‖b_l‖₂^k − c_l^k)² ]     penalty = coef · R
+
+``target="one"`` (the paper): s = 1, c = 0. ``target="init"``: s is the layer's (and member's)
+σ_max (``mode=all``: each σ_j) and c its ‖b‖ at construction, exact values recorded in the state
+dict, so the penalty and its gradient are 0 at construction and it pulls back toward the
+initialization's scale. ``bias=False`` drops the bias terms.
 
 Targets per layer type: a weight's largest singular value (``mode=all``: every singular value)
 → 1, a bias → 0; a normalization layer's gain is a diagonal matrix (σ_j = |g_j|, so σ_max =
@@ -25,7 +30,8 @@ not enough. It costs one batched SVD per layer and update. Conv kernels are resh
 network's to float rounding (batched products may round differently from a lone one on some CPUs).
 
 Defaults: ``coef=1e-4``, ``k=2``, ``mode="max"``, ``layers="all"`` (the paper regularizes every
-layer; ``"hidden"`` skips the output layer), ``power_iters=1``, ``seed=0`` (initial ``u``).
+layer; ``"hidden"`` skips the output layer), ``target="one"``, ``bias=True``, ``power_iters=1``,
+``seed=0`` (initial ``u``).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from sac_spectral.regularizers.registry import register
 _WARMUP_ITERS = 20
 _EPS = 1e-12
 MODES = ("max", "all")
+TARGETS = ("one", "init")
 
 
 def _step(
@@ -104,6 +111,14 @@ def power_step(w: Tensor, u: Tensor, v: Tensor, iters: int = 1) -> Tensor:
     return sigma.view(-1)
 
 
+def _singular_values(w: Tensor, kind: str, mode: str) -> Tensor:
+    """Exact σ_max ``[M]`` (``mode=max``) or every σ_j ``[M, r]`` (``mode=all``) of member-batched
+    matrices ``w [M, rows, cols]``; a norm layer's gain ``[M, n]`` is the diagonal matrix diag(g)."""
+    if kind == "norm":
+        return w.abs() if mode == "all" else w.abs().amax(dim=1)
+    return torch.linalg.svdvals(w) if mode == "all" else torch.linalg.matrix_norm(w, ord=2)
+
+
 @dataclass(eq=False)
 class _Group:
     """The weight matrices of one shape ``[M, rows, cols]``, power-iterated as one batch of ``G·M``.
@@ -141,10 +156,18 @@ class _Plan:
     layers, and the constants of the per-entry formula over ``x = [σ̂ per matrix…, ‖b‖ per bias…]``
     (one entry per layer and member): ``R = Σ (x^k − t)²`` with ``t = 1`` for a weight and 0 for a
     bias (``(‖b‖^k)²``), and the gradient scale ``2k(x^k − t)·x^{k−1}`` (weights, times ``u vᵀ``)
-    or ``2k‖b‖^{2(k−1)}`` (biases, times ``b``)."""
+    or ``2k‖b‖^{2(k−1)}`` (biases, times ``b``). With ``base`` (``[K, 1, 1]``: the entries at
+    construction, ``target="init"``) ``t = base^k``, and a bias's scale is ``2k(‖b‖^k − t)‖b‖^{k−2}``."""
 
     def __init__(
-        self, coef: float, k: float, iters: int, members: int, groups: list[_Group], bias_modules: list[nn.Module]
+        self,
+        coef: float,
+        k: float,
+        iters: int,
+        members: int,
+        groups: list[_Group],
+        bias_modules: list[nn.Module],
+        base: Tensor | None = None,
     ) -> None:
         self.coef, self.k, self.iters, self.members = coef, k, iters, members
         self.groups, self.bias_modules = groups, bias_modules
@@ -161,6 +184,7 @@ class _Plan:
         self.ones = torch.ones(lb, 1, 1, **kw) if lb else None
         self.weight_entries = lw
         self.grad_sizes = [size * m for size in self.sizes] + [m] * len(bias_modules)
+        self.base = base
         self.target = torch.cat([torch.ones(lw, 1, 1, **kw), torch.zeros(lb, 1, 1, **kw)])
         two_ck = 2.0 * coef * k
         is_weight = torch.cat([torch.ones(lw, 1, 1, **kw), torch.zeros(lb, 1, 1, **kw)])
@@ -194,7 +218,12 @@ class _Plan:
         x, us, vs = _power(self.stacked(weights), self.u_rows, self.iters, self.bias_rows(biases), self.ones)
         if us:
             torch._foreach_copy_(self.vectors, us + vs)
-        if k == 2.0:
+        if self.base is not None:
+            lw, two_ck = self.weight_entries, 2.0 * coef * k
+            gap = x.pow(k) - self.base.pow(k)
+            power = torch.cat([x[:lw].pow(k - 1.0), x[lw:].clamp_min(_EPS).pow(k - 2.0)])
+            scale = two_ck * gap * power
+        elif k == 2.0:
             gap = x.square() - self.target
             scale = gap * torch.addcmul(self.factor_bias, x, self.factor_weight)
         else:
@@ -224,6 +253,8 @@ class Spectral(ClosedFormPenalty):
         k: float = 2.0,
         mode: str = "max",
         layers: str = "all",
+        target: str = "one",
+        bias: bool = True,
         power_iters: int = 1,
         seed: int = 0,
     ) -> None:
@@ -231,11 +262,42 @@ class Spectral(ClosedFormPenalty):
         require(coef >= 0, f"coef must be >= 0, got {coef}")
         require(k > 0, f"k must be > 0, got {k}")
         require(mode in MODES, f"mode must be one of {', '.join(MODES)}, got '{mode}'")
+        require(target in TARGETS, f"target must be one of {', '.join(TARGETS)}, got '{target}'")
+        require(isinstance(bias, bool), f"bias must be true or false, got {bias!r}")
         require(int(power_iters) >= 1, f"power_iters must be an integer >= 1, got {power_iters}")
         self.coef, self.k, self.mode, self.power_iters = float(coef), float(k), mode, int(power_iters)
+        self.target, self.bias = target, bias
         self.views: list[LayerView] = checked_views(module, layers, self.name)
+        exact = [v.weight_param is not None and (v.kind == "norm" or mode == "all") for v in self.views]
+        self._exact_index = [i for i, e in enumerate(exact) if e]
+        self._bias_index = {i for i, v in enumerate(self.views) if bias and v.bias_param is not None}
+        if target == "init":
+            self._record_init()
         self._plan = self._build_plan(seed)
-        self._exact_views = [v for v in self.views if v.weight_param is not None and (v.kind == "norm" or mode == "all")]
+
+    @torch.no_grad()
+    def _record_init(self) -> None:
+        """``target="init"``: each layer's exact singular values (``sigma{i}``: σ_max ``[M]``, or
+        every σ_j ``[M, r]`` for ``mode=all`` and norm gains) and bias norm (``bias_norm{i}`` ``[M]``)
+        now, the targets of the penalty, in the state dict."""
+        for i, view in enumerate(self.views):
+            w = view.weight()
+            if w is not None:
+                self.state[f"sigma{i}"] = _singular_values(w, view.kind, self.mode).clone()
+            if self.bias and view.bias_param is not None:
+                self.state[f"bias_norm{i}"] = torch.linalg.vector_norm(view.bias(), dim=1).clone()
+
+    def _weight_target(self, i: int, like: Tensor) -> Tensor:
+        """Layer ``i``'s σ target, broadcastable to ``like`` (its singular values)."""
+        if self.target == "one":
+            return torch.ones((), dtype=like.dtype, device=like.device)
+        return self.state[f"sigma{i}"]
+
+    def _bias_target(self, i: int, like: Tensor) -> Tensor:
+        """Layer ``i``'s ‖b‖ target, broadcastable to ``like`` (its bias norms ``[M]``)."""
+        if self.target == "one":
+            return torch.zeros((), dtype=like.dtype, device=like.device)
+        return self.state[f"bias_norm{i}"]
 
     def _build_plan(self, seed: int) -> _Plan | None:
         """Group the weight matrices by shape, draw the initial ``u`` of each layer (in layer order,
@@ -257,10 +319,18 @@ class Spectral(ClosedFormPenalty):
             for j, (i, _, _) in enumerate(layers):
                 self.state[f"u{i}"], self.state[f"v{i}"] = u[j * members : (j + 1) * members], v[j * members : (j + 1) * members]
             groups.append(_Group([view.module for _, view, _ in layers], shape, u, v))
-        bias_modules = [v.module for v in self.views if v.bias_param is not None]
+        bias_modules = [v.module for i, v in enumerate(self.views) if i in self._bias_index]
         if not groups and not bias_modules:
             return None
-        plan = _Plan(self.coef, self.k, self.power_iters, members, groups, bias_modules)
+        base = None
+        if self.target == "init":
+            index = {id(v.module): i for i, v in enumerate(self.views)}
+            keys = [f"sigma{index[id(m)]}" for g in groups for m in g.modules]
+            keys += [f"bias_norm{index[id(m)]}" for m in bias_modules]
+            base = torch.cat([self.state[key] for key in keys]).view(-1, 1, 1)
+            for key, part in zip(keys, base.view(-1).split(members)):
+                self.state[key] = part  # a view: loading the state dict updates the plan's targets
+        plan = _Plan(self.coef, self.k, self.power_iters, members, groups, bias_modules, base)
         if groups:
             with torch.no_grad():
                 weights = tuple(p.detach() for p in plan.params()[: plan.num_weights])
@@ -273,18 +343,16 @@ class Spectral(ClosedFormPenalty):
 
     def penalized(self) -> list[Tensor]:
         planned = [] if self._plan is None else self._plan.params()
-        return planned + [v.weight_param for v in self._exact_views]
+        return planned + [self.views[i].weight_param for i in self._exact_index]
 
     def _exact(self, weights: list[Tensor]) -> Tensor:
         """The penalty of the layers whose singular values are exact (``mode=all``, norm gains)."""
         terms = []
-        for view, param in zip(self._exact_views, weights):
-            w = view.weight_of(param)
-            if view.kind == "norm":
-                sv = w.abs() if self.mode == "all" else w.abs().amax(dim=1)
-            else:
-                sv = torch.linalg.svdvals(w)
-            terms.append((sv.pow(self.k) - 1.0).square().sum())
+        for i, param in zip(self._exact_index, weights):
+            view = self.views[i]
+            sv = _singular_values(view.weight_of(param), view.kind, self.mode)
+            target = self._weight_target(i, sv)
+            terms.append((sv.pow(self.k) - target.pow(self.k)).square().sum())
         return self.coef * torch.stack(terms).sum()
 
     def penalty_and_grads(self, params: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
@@ -293,7 +361,7 @@ class Spectral(ClosedFormPenalty):
         if self._plan is not None:
             value, grads = self._plan.value_and_grads(params[:planned])
             values.append(value)
-        if self._exact_views:
+        if self._exact_index:
             exact_grads, value = grad_and_value(self._exact)(list(params[planned:]))
             values.append(value)
             grads = grads + exact_grads
@@ -318,15 +386,15 @@ class Spectral(ClosedFormPenalty):
     @torch.no_grad()
     def _per_member_penalty(self) -> Tensor:
         total = torch.zeros(self.views[0].members, device=self.views[0].tensors()[0].device)
-        for view, sigma in zip(self.views, self.sigma_estimates()):
-            w, b = view.weight(), view.bias()
-            if w is not None and self.mode == "all":
-                sv = w.abs() if view.kind == "norm" else torch.linalg.svdvals(w)
-                total = total + (sv.pow(self.k) - 1.0).square().sum(dim=1)
-            elif w is not None:
-                total = total + (sigma.pow(self.k) - 1.0).square()
-            if b is not None:
-                total = total + b.square().sum(dim=1).pow(self.k)
+        for i, (view, sigma) in enumerate(zip(self.views, self.sigma_estimates())):
+            w = view.weight()
+            if w is not None:
+                sv = _singular_values(w, view.kind, "all") if self.mode == "all" else sigma
+                gap = (sv.pow(self.k) - self._weight_target(i, sv).pow(self.k)).square()
+                total = total + (gap.sum(dim=1) if gap.dim() > 1 else gap)
+            if i in self._bias_index:
+                norm = torch.linalg.vector_norm(view.bias(), dim=1)
+                total = total + (norm.pow(self.k) - self._bias_target(i, norm).pow(self.k)).square()
         return self.coef * total
 
     @torch.no_grad()
