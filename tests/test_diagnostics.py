@@ -430,6 +430,11 @@ def test_training_with_diagnostics_is_identical_logs_the_tags_and_can_be_diagnos
     assert "grad_rank/critic/erank" in out and "probe batch of 32 transitions" in out
     values = json.loads((tmp_path / "d.json").read_text())["values"]
     assert len(values["grad_rank/critic/erank"]) == 2 and 1 <= values["grad_rank/critic/erank"][0] <= 32
+    assert run_cli(diagnose_main, [str(on), "--q-scale", "1", "--json", str(tmp_path / "q.json")]) == 0
+    q = json.loads((tmp_path / "q.json").read_text())["values"]
+    assert len(q["q_scale/q_mean"]) == len(q["q_scale/mc_return"]) == 2
+    assert all(math.isfinite(v) for v in q["q_scale/q_mean"] + q["q_scale/mc_return"])
+    assert run_cli(diagnose_main, [str(on), "--q-scale", "-1"]) == 2
     assert run_cli(diagnose_main, [str(tmp_path / "missing")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
 

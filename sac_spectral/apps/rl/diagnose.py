@@ -1,9 +1,12 @@
-"""``python -m sac_spectral.diagnose RUN_DIR [--batch-size N] [--tau T] [--json FILE] [--plot FILE]``
+"""``python -m sac_spectral.diagnose RUN_DIR [--batch-size N] [--tau T] [--q-scale EPISODES] [--json FILE] [--plot FILE]``
 
 Loads a run's ``checkpoints/latest.pt`` with the config recorded in it (``config.yaml`` for older
 checkpoints), rebuilds the saved agent and replay buffer (no environment is created) and prints the diagnostics of the saved actor and critics on a
 probe batch from the saved buffer: per-example gradient rank of their losses, weight spectra per
 layer, feature rank and dormant units. Values are per seed (critics averaged within a seed).
+``--q-scale EPISODES`` also plays that many evaluation episodes per seed (envs made as the run's
+evaluation makes them) and compares the critics' mean Q of the actions taken with the discounted
+Monte-Carlo return of the same states (``q_scale/…``).
 ``--plot`` draws the singular values in the format the file's extension names (needs matplotlib,
 an optional dependency). Runs of ``python -m sac_spectral.continual`` log the same diagnostics to
 TensorBoard instead.
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer, build_agent
@@ -27,7 +31,9 @@ from sac_spectral.core.config import ConfigError, merge_sources, one_line, read_
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.threads import check_threads
 from sac_spectral.diagnostics import Report
+from sac_spectral.apps.rl.policy import load_policy
 from sac_spectral.apps.rl.run import check_format
+from sac_spectral.envs.evaluate import q_scale
 from sac_spectral.runs.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -141,6 +147,32 @@ def plot(reports: dict[str, Report], path: Path) -> None:
     plt.close(fig)
 
 
+def q_scale_values(run_dir: Path, cfg: TrainConfig, agent: Agent, episodes: int) -> dict[str, list[float]]:
+    """``q_scale/<name>`` per seed (:func:`~sac_spectral.envs.evaluate.q_scale`) over ``episodes``
+    deterministic episodes per seed, on evaluation envs made as the run's evaluation makes them."""
+    critic, q_values = getattr(agent, "critic", None), getattr(agent, "q_values", None)
+    if critic is None or q_values is None:
+        raise ConfigError(f"--q-scale needs an agent with a critic and q_values; agent '{cfg.agent}' has none")
+    seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+    envs = [load_policy(run_dir, i).make_env() for i in range(cfg.num_seeds)]
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        return agent.act(torch.as_tensor(obs, dtype=torch.float32), deterministic=True).numpy()
+
+    @torch.inference_mode()
+    def q_fn(obs: np.ndarray, action: np.ndarray) -> np.ndarray:
+        o = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(1)
+        a = torch.as_tensor(action, dtype=torch.float32).unsqueeze(1)
+        return q_values(critic, o, a).mean(dim=(1, 2)).numpy()
+
+    try:
+        values = q_scale(policy, q_fn, envs, seeds, "q_scale", episodes, cfg.gamma)
+    finally:
+        for env in envs:
+            env.close()
+    return {f"q_scale/{key}": value.tolist() for key, value in values.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sac_spectral.diagnose",
@@ -152,6 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tau", type=float, help="dormant threshold (default: the run's diagnostics.tau)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads, at most the cores this process may use (default 1)")
+    parser.add_argument("--q-scale", type=int, metavar="EPISODES", default=0,
+                        help="also play EPISODES evaluation episodes per seed and compare the critics' mean Q with "
+                        "the discounted Monte-Carlo return of the same states (default 0: not)")
     parser.add_argument("--json", metavar="FILE", help="also write the values as JSON")
     parser.add_argument("--plot", metavar="FILE", help="also draw the singular values to FILE, in the format its extension "
                         "names (.png, .pdf, .svg, …; needs matplotlib)")
@@ -159,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_threads(args.threads, "--threads", allow_auto=False)
     if args.batch_size is not None and args.batch_size < 2:
         raise ConfigError(f"--batch-size: must be >= 2 (rows of the per-example gradient matrix), got {args.batch_size}")
+    if args.q_scale < 0:
+        raise ConfigError(f"--q-scale: must be >= 0 episodes, got {args.q_scale}")
     if args.tau is not None and not (math.isfinite(args.tau) and args.tau >= 0):
         raise ConfigError(f"--tau: must be a finite number >= 0, got {args.tau}")
     outputs = {opt: _writable_file(opt, path) for opt, path in (("--json", args.json), ("--plot", args.plot)) if path}
@@ -176,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     batch, noise = probe_batch(agent, buffer, dcfg.batch_size, seeds, updates)
     reports = agent_diagnostics(agent, batch, noise, dcfg)
     values = per_seed(agent, reports)
+    if args.q_scale:
+        values.update(q_scale_values(Path(args.run_dir), cfg, agent, args.q_scale))
     print(f"{args.run_dir}: {updates} updates, probe batch of {batch['obs'].shape[1]} transitions, "
           f"dormant τ = {dcfg.tau}; one column per seed ({', '.join(map(str, seeds))})")
     print(format_table(values))
