@@ -1,4 +1,4 @@
-"""The heap setting of ``import sac_spectral`` (:mod:`sac_spectral.core.heap`) against glibc's
+"""The heap setting of a run (:mod:`sac_spectral.core.heap`) against glibc's
 default, per update, eager and compiled, on one thread.
 
     pip install -e ".[bench]"
@@ -39,6 +39,7 @@ def worker(seeds: int, mode: str, calls: int) -> None:
     from sac_spectral.core.heap import configure_heap
 
     torch.set_num_threads(1)
+    configured = configure_heap()  # as a run sets it when it starts
     agent, buf = build(sac_config(compile=mode == "compiled"), seeds=seeds)
     for _ in range(2):
         agent.train_steps(buf, 8, 256)
@@ -48,7 +49,7 @@ def worker(seeds: int, mode: str, calls: int) -> None:
         agent.train_steps(buf, 8, 256)
         times.append((time.perf_counter() - start) / 8)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (8 * calls)
-    print(json.dumps({"ms": 1e3 * statistics.median(times), "faults": faults, "configured": configure_heap()}))
+    print(json.dumps({"ms": 1e3 * statistics.median(times), "faults": faults, "configured": configured}))
 
 
 def measure(seeds: int, mode: str, setting: str, calls: int) -> dict[str, float]:

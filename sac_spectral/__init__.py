@@ -1,10 +1,8 @@
 """sac_spectral: plasticity research toolkit — high-replay-ratio SAC, regularizers, continual streams, diagnostics."""
 
-from sac_spectral.core.heap import configure_heap
 from sac_spectral.core.threads import configure_openmp
 
 configure_openmp()  # before anything imports torch: libgomp reads its spin-wait setting when torch loads it
-configure_heap()  # freed memory stays in the heap for the next update (no page faults per update)
 
 __version__ = "0.1.0"
 

@@ -12,9 +12,11 @@ third of its time there (58.6 against 36.8 ms per update on a 2-core AMD EPYC, o
 :func:`configure_heap` fixes both thresholds with ``mallopt``: blocks below :data:`MMAP_THRESHOLD`
 come from the heap, and the heap keeps up to :data:`TRIM_THRESHOLD` of free memory at its top.
 A process then holds the peak of what it allocated below those sizes rather than returning it
-between updates. It runs on ``import sac_spectral``; it changes nothing where the C library is
-not glibc, or where the user set glibc's own variables (``MALLOC_TRIM_THRESHOLD_``,
-``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_``, ``GLIBC_TUNABLES``).
+between updates. It runs when a run starts (``runs.run.Run``: train, continual, a sweep's
+trials), not on ``import sac_spectral``, so a program that only loads a policy keeps glibc's
+defaults; it changes nothing where the C library is not glibc, or where the user set glibc's own
+variables (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_``,
+``GLIBC_TUNABLES``).
 """
 
 from __future__ import annotations

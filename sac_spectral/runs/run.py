@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from sac_spectral.core.config import ConfigError, flatten, one_line, to_dict
+from sac_spectral.core.heap import configure_heap
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint, write_json
 from sac_spectral.runs.cli import T, build_parser, describe_os_error, parse_cli, resolve_config
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
@@ -134,6 +135,7 @@ class Run:
     the summary and the ends. ``module`` is the runner's ``python -m`` name (for messages)."""
 
     def __init__(self, module: str, loop: Loop, stop: GracefulStop) -> None:
+        configure_heap()  # a training process: freed memory stays in the heap for the next update
         self.module, self.loop, self.stop = module, loop, stop
         self.schedule = Schedule()
         self.bar: tqdm | None = None
