@@ -160,6 +160,9 @@ def test_play_prints_returns_and_replays_the_last_evaluation(run_dir):
     assert lines[0].startswith("dmc:cartpole-balance: seed 1 (index 1 of 2) at step 400, deterministic, 2 episodes")
     mean = float(lines[-2].split()[1])
     assert lines[-1].startswith("recorded by the run at step 400: ") and float(lines[-1].split()[-1]) == mean
+    other = play(run_dir, "--last-eval", "--episodes", "5")
+    assert other.returncode == 2 and "replays the evaluation's 2 episodes; leave out --episodes 5" in other.stderr
+    assert play(run_dir, "--last-eval", "--episodes", "2").returncode == 0
     stochastic = play(run_dir, "--episodes", "2", "--stochastic")
     assert stochastic.returncode == 0 and "stochastic, 2 episodes" in stochastic.stdout
     assert "± " in stochastic.stdout.splitlines()[-1]

@@ -39,7 +39,7 @@ class NetConfig:
     hidden: list[int] = option([256, 256], "hidden layer widths")
     activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
     layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
-    init: str = option("orthogonal", "orthogonal (rl_with_resets: gain √2, log-std head 1; zero bias) or torch (nn.Linear default)")
+    init: str = option("orthogonal", "orthogonal (rl_with_resets: gain √2 and zero bias; an actor's log-std head gain 1) or torch (nn.Linear default)")
     lr: float = option(3e-4, "Adam learning rate")
     weight_decay: float = option(0.0, "decoupled weight decay (AdamW); 0 = plain Adam")
     regularizers: list[dict[str, Any]] = option([], "regularizers, e.g. [{name: spectral, coef: 1e-4}]")

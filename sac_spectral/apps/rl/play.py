@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m sac_spectral.play", description=__doc__.split("\n\n", 1)[1].replace("``", ""),
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", metavar="RUN_DIR", help="run directory of sac_spectral.train, or its checkpoint file")
-    p.add_argument("--episodes", type=_positive, default=5, help="episodes to play (default 5)")
+    p.add_argument("--episodes", type=_positive, default=None, help="episodes to play (default 5; --last-eval: the evaluation's)")
     p.add_argument("--stochastic", action="store_true", help="sample actions from the policy instead of tanh(mean)")
     p.add_argument("--seed-index", type=int, default=0, metavar="I", help="which seed of a multi-seed run (default 0)")
     p.add_argument("--seed", type=_seed, default=None, help="seed of the episodes' resets and action noise (default: the run's seed)")
@@ -99,10 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"{args.run}: its checkpoint was not written at an evaluation step; --last-eval needs one")
         if args.stochastic:
             raise ConfigError("--last-eval replays the deterministic evaluation; leave out --stochastic")
+        if args.episodes is not None and args.episodes != policy.recorded.episodes:
+            raise ConfigError(f"--last-eval replays the evaluation's {policy.recorded.episodes} episodes; "
+                              f"leave out --episodes {args.episodes}")
         episodes = policy.recorded.episodes
         reset_seed = functools.partial(eval_seed, policy.seed, policy.recorded.step)
     else:  # drawn per episode: a huge --episodes starts at once
-        episodes, reset_seed = args.episodes, functools.partial(play_seed, seed)
+        episodes, reset_seed = args.episodes or 5, functools.partial(play_seed, seed)
         policy.reseed(derive_seed(seed, "play"))
     mode = "stochastic" if args.stochastic else "deterministic"
     print(f"{policy.env_id}: seed {policy.seed} (index {policy.seed_index} of {policy.members}) at step {policy.step}, "
