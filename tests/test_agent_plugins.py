@@ -4,9 +4,13 @@ options of its own, as a user writes it: ``train agent=<name>``, its section in 
 package; a broken agent plug-in costs one warning line, and an error only where it is asked for."""
 
 import json
+import sys
 
 import pytest
 
+from sac_spectral.agents import SAC, TD3, base
+from sac_spectral.agents.config import TrainConfig
+from sac_spectral.core.config import load_config
 from test_plugins import install, run
 
 #: a user's agent: SAC whose temperature stays at its own option's value
@@ -64,3 +68,48 @@ def test_asking_for_a_broken_agent_is_one_line_that_says_why(plugins, tmp_path):
     assert done.returncode == 2 and not (tmp_path / "x").exists()
     last = done.stderr.strip().splitlines()[-1]
     assert "agent: 'broken' is unavailable" in last and "ModuleNotFoundError" in last
+
+
+@pytest.fixture
+def discover(tmp_path, monkeypatch):
+    """``discover(package, entry_points, modules)``: install a package of agent plug-ins and discover
+    the agents in this process; the registries and the imported modules are restored after."""
+    agents, sections, imported = dict(base.AGENTS), dict(base.SECTIONS), set(sys.modules)
+    monkeypatch.setattr(base, "_broken", None)
+
+    def go(package: str, points: str, modules: dict[str, str]) -> dict[str, str]:
+        install(tmp_path / package, package, f"[sac_spectral.agents]\n{points}", modules)
+        monkeypatch.syspath_prepend(str(tmp_path / package))
+        return base.discover_agents()
+
+    yield go
+    for registry, saved in ((base.AGENTS, agents), (base.SECTIONS, sections)):
+        registry.clear()
+        registry.update(saved)
+    for name in set(sys.modules) - imported:
+        del sys.modules[name]
+
+
+#: a plug-in that names its agents like the built-ins
+SAC_NAMED = """
+from sac_spectral.agents import SAC, register_agent
+
+
+@register_agent("sac")
+class MySAC(SAC):
+    pass
+"""
+
+
+def test_a_plugin_named_like_a_built_in_is_ignored_and_the_built_in_stays(discover, capsys):
+    broken = discover("sac_named", "sac = sac_named:MySAC\ntd3 = sac_named:MySAC\n", {"sac_named": SAC_NAMED})
+    assert broken == {} and base.AGENTS["sac"] is SAC and base.AGENTS["td3"] is TD3
+    assert "sac_named" not in sys.modules  # never imported
+    assert load_config(TrainConfig, overrides=["agent=sac"]).agent == "sac"
+    assert base.agent_class("td3") is TD3
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 2, warnings
+    for name, cls in (("sac", "sac_spectral.agents.sac:SAC"), ("td3", "sac_spectral.agents.td3:TD3")):
+        line = next(line for line in warnings if f"'{name}' of" in line)
+        assert line.startswith("warning: sac_spectral.agents: ") and "(package sac_named 0.1)" in line
+        assert f"the built-in {cls} keeps that name" in line, line

@@ -20,7 +20,7 @@ from sac_spectral.agents.replay import ReplayBuffer
 from sac_spectral.agents.steps import Metrics
 from sac_spectral.core.config import ConfigError
 from sac_spectral.core.nets import BatchedNetwork
-from sac_spectral.core.plugins import load_entry_points
+from sac_spectral.core.plugins import OWNER, load_entry_points
 from sac_spectral.core.seeding import SeedStreams
 
 
@@ -130,12 +130,19 @@ def _register_plugin(name: str, obj: Any) -> None:
         register_agent(name)(obj)
 
 
+def _holder(cls: type) -> str:
+    """``the built-in sac_spectral.agents.sac:SAC``, or ``the agent mod:Cls`` some code registered."""
+    where = f"{cls.__module__}:{cls.__qualname__}"
+    return f"the built-in {where}" if cls.__module__.startswith(f"{OWNER}.") else f"the agent {where}"
+
+
 def discover_agents() -> dict[str, str]:
-    """Load the agents that installed packages declare in :data:`GROUP` (once): a broken one costs
-    one warning line; returns the broken ones' names with the reason."""
+    """Load the agents that installed packages declare in :data:`GROUP` (once): the names already
+    registered (the built-ins) keep their agents, and a plug-in that names one is not imported; a
+    broken or ignored plug-in costs one warning line. Returns the broken ones' names with the reason."""
     global _broken
     if _broken is None:
-        _broken = load_entry_points(GROUP, _register_plugin)
+        _broken = load_entry_points(GROUP, _register_plugin, {name: _holder(cls) for name, cls in AGENTS.items()})
     return _broken
 
 
