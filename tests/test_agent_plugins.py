@@ -10,7 +10,7 @@ import pytest
 
 from sac_spectral.agents import SAC, TD3, base
 from sac_spectral.agents.config import TrainConfig
-from sac_spectral.core.config import load_config
+from sac_spectral.core.config import help_text, load_config
 from test_plugins import install, run
 
 #: a user's agent: SAC whose temperature stays at its own option's value
@@ -113,3 +113,68 @@ def test_a_plugin_named_like_a_built_in_is_ignored_and_the_built_in_stays(discov
         line = next(line for line in warnings if f"'{name}' of" in line)
         assert line.startswith("warning: sac_spectral.agents: ") and "(package sac_named 0.1)" in line
         assert f"the built-in {cls} keeps that name" in line, line
+
+
+#: a plug-in package of agents whose options no run config could hold, each as ``name: (options, why)``
+BAD_OPTIONS = {
+    "critic_opts": ("section='critic'", "config section 'critic' would replace the run config's key 'critic'"),
+    "env_opts": ("section='env'", "config section 'env' would replace the run config's key 'env'"),
+    "alpha_opts": ("section='alpha'", "config section 'alpha' is already registered (AlphaConfig)"),
+    "no_default": ("", "no_default.rate: has no default"),
+    "pair": ("", "pair.shape: unsupported config type tuple[int, int]"),
+    "picky": ("", "picky.rate: must be > 1, got 0.5"),
+}
+BAD_AGENTS = """
+import dataclasses
+
+from sac_spectral.agents import SAC, register_agent
+from sac_spectral.core.config import check, option
+
+
+@dataclasses.dataclass
+class Options:
+    rate: float = option(0.5, "a rate")
+
+
+@dataclasses.dataclass
+class NoDefault:
+    rate: float
+
+
+@dataclasses.dataclass
+class Pair:
+    shape: tuple[int, int] = (1, 2)
+
+
+@dataclasses.dataclass
+class Picky:
+    rate: float = 0.5
+
+    def validate(self):
+        check(self.rate > 1, "rate", f"must be > 1, got {self.rate}")
+
+
+OPTIONS = {"critic_opts": Options, "env_opts": Options, "alpha_opts": Options, "no_default": NoDefault,
+           "pair": Pair, "picky": Picky}
+"""
+
+
+def test_a_plugins_bad_options_cost_only_that_plugin(discover, capsys):
+    """Options under a run key or another section, without a default, of a type the config cannot
+    parse, or whose defaults their own validate() rejects: one warning each, naming the package;
+    every other run (the built-ins', a good plug-in's) loads, and --help lists them."""
+    modules = {f"bad_{name}": f"{BAD_AGENTS}\n@register_agent({name!r}, config=OPTIONS[{name!r}], {section})\n"
+               f"class Agent(SAC):\n    pass\n" for name, (section, _) in BAD_OPTIONS.items()}
+    points = "".join(f"{name} = bad_{name}:Agent\n" for name in BAD_OPTIONS)
+    broken = discover("badopts", f"{points}fixed_sac = my_agents:FixedSAC\n", {**modules, "my_agents": AGENT})
+    assert set(broken) == set(BAD_OPTIONS)
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == len(BAD_OPTIONS), warnings
+    for name, (_, why) in BAD_OPTIONS.items():
+        line = next(line for line in warnings if f"'{name}' skipped" in line)
+        assert f"bad_{name}:Agent (package badopts 0.1) is broken" in line and why in line, line
+    cfg = load_config(TrainConfig)
+    assert cfg.critic.num_critics == 2 and cfg.env == "dmc:cheetah-run" and cfg.alpha.init == 1.0
+    assert load_config(TrainConfig, overrides=["agent=fixed_sac", "fixed_sac.alpha=0.2"]).fixed_sac.alpha == 0.2
+    listed = help_text(TrainConfig)
+    assert "fixed_sac.alpha" in listed and "a rate" not in listed and ".shape" not in listed and "picky" not in listed

@@ -9,6 +9,7 @@ network are members ``n·k … n·k + k − 1``), and every agent trains them wi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 from sac_spectral.agents.engine import Trained
 from sac_spectral.agents.replay import ReplayBuffer
 from sac_spectral.agents.steps import Metrics
-from sac_spectral.core.config import ConfigError
+from sac_spectral.core.config import ConfigError, check_section
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.plugins import OWNER, load_entry_points
 from sac_spectral.core.seeding import SeedStreams
@@ -105,14 +106,17 @@ _broken: dict[str, str] | None = None
 def register_agent(name: str, config: type | None = None, section: str | None = None) -> Callable[[type], type]:
     """Class decorator: make the agent selectable as ``agent: name`` in run configs, with its own
     options ``config`` (a config dataclass) under the top-level key ``section`` (default: ``name``),
-    which every RL config then accepts and ``--help`` lists."""
+    which every RL config then accepts and ``--help`` lists. A ``ValueError`` refuses options that a
+    run config could not hold (a run key's or another section's name, an option without a default or
+    of a type the config cannot parse, defaults that ``validate()`` rejects): a plug-in's is then
+    broken, and costs only itself."""
 
     def wrap(cls: type) -> type:
         if name in AGENTS and AGENTS[name] is not cls:
             raise ValueError(f"agent '{name}' is already registered ({AGENTS[name].__qualname__})")
         key = section or name
-        if config is not None and key in SECTIONS and SECTIONS[key][0] is not config:
-            raise ValueError(f"config section '{key}' is already registered ({SECTIONS[key][0].__qualname__})")
+        if config is not None:
+            _check_section(key, config)
         cls.name = name
         AGENTS[name] = cls
         if config is not None:
@@ -120,6 +124,19 @@ def register_agent(name: str, config: type | None = None, section: str | None = 
         return cls
 
     return wrap
+
+
+def _check_section(key: str, config: type) -> None:
+    """Refuse an agent's options that no run config could hold: under a key of the run config or of
+    another section, or options that :func:`~sac_spectral.core.config.check_section` refuses."""
+    from sac_spectral.agents.config import TrainConfig  # here: agents.config imports this module
+
+    if key in {f.name for f in dataclasses.fields(TrainConfig)}:
+        raise ValueError(f"config section '{key}' would replace the run config's key '{key}'; "
+                         "name the section otherwise (register_agent(..., section=...))")
+    if key in SECTIONS and SECTIONS[key][0] is not config:
+        raise ValueError(f"config section '{key}' is already registered ({SECTIONS[key][0].__qualname__})")
+    check_section(config, key)
 
 
 def _register_plugin(name: str, obj: Any) -> None:

@@ -301,6 +301,24 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return out
 
 
+def check_section(cls: type, key: str) -> None:
+    """Refuse a section class that a config could not hold under ``key``: not a dataclass, an option
+    without a default, an option of a type :func:`coerce` cannot parse, or defaults that YAML cannot
+    write or that its own ``validate()`` rejects. A one-line :class:`ConfigError` naming the option."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ConfigError(f"{key}: the options must be a dataclass, got {shown(cls)}")
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{key}.{missing[0]}: has no default; every option needs one")
+    data = to_dict(cls())
+    try:
+        yaml.safe_dump(data)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{key}: its defaults cannot be written as YAML ({one_line(err)})") from None
+    from_dict(cls, data, prefix=f"{key}.")
+
+
 def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in update.items():
