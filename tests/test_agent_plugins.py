@@ -10,7 +10,7 @@ import pytest
 
 from sac_spectral.agents import SAC, TD3, base
 from sac_spectral.agents.config import TrainConfig
-from sac_spectral.core.config import help_text, load_config
+from sac_spectral.core.config import ConfigError, help_text, load_config, merge_sources, to_dict
 from test_plugins import install, run
 
 #: a user's agent: SAC whose temperature stays at its own option's value
@@ -178,3 +178,30 @@ def test_a_plugins_bad_options_cost_only_that_plugin(discover, capsys):
     assert load_config(TrainConfig, overrides=["agent=fixed_sac", "fixed_sac.alpha=0.2"]).fixed_sac.alpha == 0.2
     listed = help_text(TrainConfig)
     assert "fixed_sac.alpha" in listed and "a rate" not in listed and ".shape" not in listed and "picky" not in listed
+
+
+@pytest.mark.parametrize("overrides, error", [
+    (["td3.policy_delay=3"], "td3.policy_delay is an option of agent td3; this run's agent is sac"),
+    (["fixed_sac.alpha=0.1"], "fixed_sac.alpha is an option of agent fixed_sac; this run's agent is sac"),
+    (["agent=td3", "alpha.init=0.5"], "alpha.init is an option of agents sac, crossq, redq, fixed_sac; this run's agent is td3"),
+    (["agent=crossq", "redq.num_min=3"], "redq.num_min is an option of agent redq; this run's agent is crossq"),
+], ids=["td3", "plugin", "sac", "redq"])
+def test_an_option_of_an_agent_the_run_does_not_use_is_refused(discover, overrides, error):
+    discover("myagents", "fixed_sac = my_agents:FixedSAC\n", {"my_agents": AGENT})
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, overrides=overrides)
+    assert str(err.value) == error
+
+
+def test_the_options_an_agent_reads_and_every_agents_defaults_are_accepted(discover):
+    """An agent reads its own section and those of the agents it extends; a saved config holds every
+    section, at its defaults where the agent does not read it."""
+    discover("myagents", "fixed_sac = my_agents:FixedSAC\n", {"my_agents": AGENT})
+    assert base.AGENTS["redq"].sections == ("alpha", "redq") and base.AGENTS["fixed_sac"].sections == ("alpha", "fixed_sac")
+    assert load_config(TrainConfig, overrides=["agent=redq", "alpha.init=0.5", "redq.num_min=3"]).redq.num_min == 3
+    assert load_config(TrainConfig, overrides=["agent=fixed_sac", "alpha.lr=1e-3", "fixed_sac.alpha=0.1"]).alpha.lr == 1e-3
+    assert load_config(TrainConfig, overrides=["td3.policy_delay=2"]).agent == "sac"  # the default: nothing lost
+    for agent in ("sac", "td3", "redq", "crossq", "fixed_sac"):
+        saved = to_dict(load_config(TrainConfig, overrides=[f"agent={agent}"]))
+        assert {"alpha", "td3", "redq", "crossq", "fixed_sac"} <= set(saved)
+        assert merge_sources(TrainConfig, saved).agent == agent

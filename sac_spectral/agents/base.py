@@ -30,6 +30,9 @@ class Agent(Protocol):
     """What the layers above an agent use. Tensors carry a leading seed axis ``N``."""
 
     name: ClassVar[str]
+    #: the config sections the agent reads: those of the agents it extends, then its own (REDQ:
+    #: ``alpha``, ``redq``); the options of any other section must keep their defaults in its runs
+    sections: ClassVar[tuple[str, ...]]
     compiles: ClassVar[bool]
     #: rows of standard-normal noise ``[rows, N, B, A]`` an update (and a diagnostics probe) draws
     noise_rows: ClassVar[int]
@@ -118,6 +121,7 @@ def register_agent(name: str, config: type | None = None, section: str | None = 
         if config is not None:
             _check_section(key, config)
         cls.name = name
+        cls.sections = tuple(dict.fromkeys([*getattr(cls, "sections", ()), *([key] if config is not None else [])]))
         AGENTS[name] = cls
         if config is not None:
             SECTIONS[key] = (config, f"{name}'s own options (agent: {name})")
