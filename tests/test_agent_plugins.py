@@ -205,3 +205,9 @@ def test_the_options_an_agent_reads_and_every_agents_defaults_are_accepted(disco
         saved = to_dict(load_config(TrainConfig, overrides=[f"agent={agent}"]))
         assert {"alpha", "td3", "redq", "crossq", "fixed_sac"} <= set(saved)
         assert merge_sources(TrainConfig, saved).agent == agent
+
+
+def test_help_lists_the_built_in_agents_and_the_installed_plugins(discover):
+    discover("myagents", "fixed_sac = my_agents:FixedSAC\nbroken = not_there:Agent\n", {"my_agents": AGENT})
+    line = next(line for line in help_text(TrainConfig).splitlines() if line.split()[0] == "agent")
+    assert "the agent: sac, crossq, redq, td3 (built in); plug-ins: fixed_sac [str; default: sac]" in line, line

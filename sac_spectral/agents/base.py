@@ -173,6 +173,16 @@ def agent_sections() -> dict[str, tuple[type, str]]:
     return SECTIONS
 
 
+def agent_choices() -> str:
+    """The ``agent`` key's help: the built-in agents, then the others registered (installed plug-ins,
+    or agents your code registers)."""
+    discover_agents()
+    built_in = [name for name, cls in AGENTS.items() if cls.__module__.startswith(f"{OWNER}.")]
+    others = [name for name in AGENTS if name not in built_in]
+    added = f"; plug-ins: {', '.join(others)}" if others else f"; no plug-ins installed (entry-point group {GROUP})"
+    return f"the agent: {', '.join(built_in)} (built in){added}"
+
+
 def agent_class(name: str) -> type:
     """The registered agent ``name``; a one-line :class:`ConfigError` naming the choices otherwise."""
     broken = discover_agents()

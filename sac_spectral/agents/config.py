@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sac_spectral.agents.base import AGENTS, agent_class, agent_sections
+from sac_spectral.agents.base import AGENTS, agent_choices, agent_class, agent_sections
 from sac_spectral.agents.probes import DiagnosticsConfig
 from sac_spectral.core.config import ConfigError, at_least, check, flatten, option, section, to_dict
 from sac_spectral.core.device import check_device
@@ -167,7 +167,7 @@ class SwitchConfig:
 
 @dataclass
 class TrainConfig(SACConfig):
-    agent: str = option("sac", "the agent: a registered name (sac, td3, or one your code registers)")
+    agent: str = option("sac", agent_choices)
     env: str = option("dmc:cheetah-run", "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
     seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
     num_seeds: int = option(1, "independent agents trained together as members of batched networks")

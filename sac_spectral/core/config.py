@@ -17,7 +17,7 @@ import re
 import reprlib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -408,7 +408,8 @@ def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[st
         if dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, prefix=f"{prefix}{f.name}.", defaults=value))
         else:
-            rows.append((f"{prefix}{f.name}", _type_name(tp), value, f.metadata.get("help", "")))
+            doc = f.metadata.get("help", "")
+            rows.append((f"{prefix}{f.name}", _type_name(tp), value, doc() if callable(doc) else doc))
     for key, (tp, _) in registered_sections(cls).items():
         rows.extend(describe(tp, prefix=f"{prefix}{key}.", defaults=getattr(defaults, key)))
     return rows
@@ -425,8 +426,9 @@ def help_text(cls: type) -> str:
     return "\n".join(lines)
 
 
-def option(default: Any, help: str) -> Any:
-    """Dataclass field with a default (copied if mutable) and a help string."""
+def option(default: Any, help: str | Callable[[], str]) -> Any:
+    """Dataclass field with a default (copied if mutable) and a help string (or a function that
+    writes it when ``--help`` asks, for choices known only then)."""
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
     return dataclasses.field(default=default, metadata={"help": help})
