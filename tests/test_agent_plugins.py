@@ -4,9 +4,13 @@ options of its own, as a user writes it: ``train agent=<name>``, its section in 
 package; a broken agent plug-in costs one warning line, and an error only where it is asked for."""
 
 import json
+import sys
 
 import pytest
 
+from sac_spectral.agents import SAC, TD3, base
+from sac_spectral.agents.config import TrainConfig
+from sac_spectral.core.config import ConfigError, help_text, load_config, merge_sources, to_dict
 from test_plugins import install, run
 
 #: a user's agent: SAC whose temperature stays at its own option's value
@@ -64,3 +68,146 @@ def test_asking_for_a_broken_agent_is_one_line_that_says_why(plugins, tmp_path):
     assert done.returncode == 2 and not (tmp_path / "x").exists()
     last = done.stderr.strip().splitlines()[-1]
     assert "agent: 'broken' is unavailable" in last and "ModuleNotFoundError" in last
+
+
+@pytest.fixture
+def discover(tmp_path, monkeypatch):
+    """``discover(package, entry_points, modules)``: install a package of agent plug-ins and discover
+    the agents in this process; the registries and the imported modules are restored after."""
+    agents, sections, imported = dict(base.AGENTS), dict(base.SECTIONS), set(sys.modules)
+    monkeypatch.setattr(base, "_broken", None)
+
+    def go(package: str, points: str, modules: dict[str, str]) -> dict[str, str]:
+        install(tmp_path / package, package, f"[sac_spectral.agents]\n{points}", modules)
+        monkeypatch.syspath_prepend(str(tmp_path / package))
+        return base.discover_agents()
+
+    yield go
+    for registry, saved in ((base.AGENTS, agents), (base.SECTIONS, sections)):
+        registry.clear()
+        registry.update(saved)
+    for name in set(sys.modules) - imported:
+        del sys.modules[name]
+
+
+#: a plug-in that names its agents like the built-ins
+SAC_NAMED = """
+from sac_spectral.agents import SAC, register_agent
+
+
+@register_agent("sac")
+class MySAC(SAC):
+    pass
+"""
+
+
+def test_a_plugin_named_like_a_built_in_is_ignored_and_the_built_in_stays(discover, capsys):
+    broken = discover("sac_named", "sac = sac_named:MySAC\ntd3 = sac_named:MySAC\n", {"sac_named": SAC_NAMED})
+    assert broken == {} and base.AGENTS["sac"] is SAC and base.AGENTS["td3"] is TD3
+    assert "sac_named" not in sys.modules  # never imported
+    assert load_config(TrainConfig, overrides=["agent=sac"]).agent == "sac"
+    assert base.agent_class("td3") is TD3
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 2, warnings
+    for name, cls in (("sac", "sac_spectral.agents.sac:SAC"), ("td3", "sac_spectral.agents.td3:TD3")):
+        line = next(line for line in warnings if f"'{name}' of" in line)
+        assert line.startswith("warning: sac_spectral.agents: ") and "(package sac_named 0.1)" in line
+        assert f"the built-in {cls} keeps that name" in line, line
+
+
+#: a plug-in package of agents whose options no run config could hold, each as ``name: (options, why)``
+BAD_OPTIONS = {
+    "critic_opts": ("section='critic'", "config section 'critic' would replace the run config's key 'critic'"),
+    "env_opts": ("section='env'", "config section 'env' would replace the run config's key 'env'"),
+    "alpha_opts": ("section='alpha'", "config section 'alpha' is already registered (AlphaConfig)"),
+    "no_default": ("", "no_default.rate: has no default"),
+    "pair": ("", "pair.shape: unsupported config type tuple[int, int]"),
+    "picky": ("", "picky.rate: must be > 1, got 0.5"),
+}
+BAD_AGENTS = """
+import dataclasses
+
+from sac_spectral.agents import SAC, register_agent
+from sac_spectral.core.config import check, option
+
+
+@dataclasses.dataclass
+class Options:
+    rate: float = option(0.5, "a rate")
+
+
+@dataclasses.dataclass
+class NoDefault:
+    rate: float
+
+
+@dataclasses.dataclass
+class Pair:
+    shape: tuple[int, int] = (1, 2)
+
+
+@dataclasses.dataclass
+class Picky:
+    rate: float = 0.5
+
+    def validate(self):
+        check(self.rate > 1, "rate", f"must be > 1, got {self.rate}")
+
+
+OPTIONS = {"critic_opts": Options, "env_opts": Options, "alpha_opts": Options, "no_default": NoDefault,
+           "pair": Pair, "picky": Picky}
+"""
+
+
+def test_a_plugins_bad_options_cost_only_that_plugin(discover, capsys):
+    """Options under a run key or another section, without a default, of a type the config cannot
+    parse, or whose defaults their own validate() rejects: one warning each, naming the package;
+    every other run (the built-ins', a good plug-in's) loads, and --help lists them."""
+    modules = {f"bad_{name}": f"{BAD_AGENTS}\n@register_agent({name!r}, config=OPTIONS[{name!r}], {section})\n"
+               f"class Agent(SAC):\n    pass\n" for name, (section, _) in BAD_OPTIONS.items()}
+    points = "".join(f"{name} = bad_{name}:Agent\n" for name in BAD_OPTIONS)
+    broken = discover("badopts", f"{points}fixed_sac = my_agents:FixedSAC\n", {**modules, "my_agents": AGENT})
+    assert set(broken) == set(BAD_OPTIONS)
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == len(BAD_OPTIONS), warnings
+    for name, (_, why) in BAD_OPTIONS.items():
+        line = next(line for line in warnings if f"'{name}' skipped" in line)
+        assert f"bad_{name}:Agent (package badopts 0.1) is broken" in line and why in line, line
+    cfg = load_config(TrainConfig)
+    assert cfg.critic.num_critics == 2 and cfg.env == "dmc:cheetah-run" and cfg.alpha.init == 1.0
+    assert load_config(TrainConfig, overrides=["agent=fixed_sac", "fixed_sac.alpha=0.2"]).fixed_sac.alpha == 0.2
+    listed = help_text(TrainConfig)
+    assert "fixed_sac.alpha" in listed and "a rate" not in listed and ".shape" not in listed and "picky" not in listed
+
+
+@pytest.mark.parametrize("overrides, error", [
+    (["td3.policy_delay=3"], "td3.policy_delay is an option of agent td3; this run's agent is sac"),
+    (["fixed_sac.alpha=0.1"], "fixed_sac.alpha is an option of agent fixed_sac; this run's agent is sac"),
+    (["agent=td3", "alpha.init=0.5"], "alpha.init is an option of agents sac, crossq, redq, fixed_sac; this run's agent is td3"),
+    (["agent=crossq", "redq.num_min=3"], "redq.num_min is an option of agent redq; this run's agent is crossq"),
+], ids=["td3", "plugin", "sac", "redq"])
+def test_an_option_of_an_agent_the_run_does_not_use_is_refused(discover, overrides, error):
+    discover("myagents", "fixed_sac = my_agents:FixedSAC\n", {"my_agents": AGENT})
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, overrides=overrides)
+    assert str(err.value) == error
+
+
+def test_the_options_an_agent_reads_and_every_agents_defaults_are_accepted(discover):
+    """An agent reads its own section and those of the agents it extends; a saved config holds every
+    section, at its defaults where the agent does not read it."""
+    discover("myagents", "fixed_sac = my_agents:FixedSAC\n", {"my_agents": AGENT})
+    assert base.AGENTS["redq"].sections == ("alpha", "redq") and base.AGENTS["fixed_sac"].sections == ("alpha", "fixed_sac")
+    assert load_config(TrainConfig, overrides=["agent=redq", "alpha.init=0.5", "redq.num_min=3"]).redq.num_min == 3
+    assert load_config(TrainConfig, overrides=["agent=fixed_sac", "alpha.lr=1e-3", "fixed_sac.alpha=0.1"]).alpha.lr == 1e-3
+    assert load_config(TrainConfig, overrides=["td3.policy_delay=2"]).agent == "sac"  # the default: nothing lost
+    for agent in ("sac", "td3", "redq", "crossq", "fixed_sac"):
+        saved = to_dict(load_config(TrainConfig, overrides=[f"agent={agent}"]))
+        assert {"alpha", "td3", "redq", "crossq", "fixed_sac"} <= set(saved)
+        assert merge_sources(TrainConfig, saved).agent == agent
+
+
+def test_help_lists_the_built_in_agents_and_the_installed_plugins(discover):
+    discover("myagents", "fixed_sac = my_agents:FixedSAC\nbroken = not_there:Agent\n", {"my_agents": AGENT})
+    line = next(line for line in help_text(TrainConfig).splitlines() if line.split()[0] == "agent")
+    assert "the agent: sac, crossq, redq, td3 (built in); plug-ins: fixed_sac [str; default: sac]" in line, line

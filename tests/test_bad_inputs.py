@@ -716,6 +716,15 @@ for _name, _text, _frag in [
 
 
 @attack()
+def option_of_an_agent_not_selected(ctx: Ctx) -> list[str]:
+    """``agent=sac td3.policy_delay=3``: the option would be thrown away."""
+    rd = ctx.path("other_agent_option")
+    p = ctx.T(*RL, "total_steps=100", "agent=sac", "td3.policy_delay=3", f"run_dir={rd}")
+    message = "td3.policy_delay is an option of agent td3; this run's agent is sac"
+    return expect_error(p, 2, message) + (["run dir written"] if rd.exists() else [])
+
+
+@attack()
 def missing_config_file(ctx: Ctx) -> list[str]:
     return expect_error(ctx.T("--config", ctx.ws / "nope.yaml"), 2, "nope.yaml")
 

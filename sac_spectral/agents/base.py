@@ -9,6 +9,7 @@ network are members ``n·k … n·k + k − 1``), and every agent trains them wi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -18,9 +19,9 @@ from torch import Tensor, nn
 from sac_spectral.agents.engine import Trained
 from sac_spectral.agents.replay import ReplayBuffer
 from sac_spectral.agents.steps import Metrics
-from sac_spectral.core.config import ConfigError
+from sac_spectral.core.config import ConfigError, check_section
 from sac_spectral.core.nets import BatchedNetwork
-from sac_spectral.core.plugins import load_entry_points
+from sac_spectral.core.plugins import OWNER, load_entry_points
 from sac_spectral.core.seeding import SeedStreams
 
 
@@ -29,6 +30,9 @@ class Agent(Protocol):
     """What the layers above an agent use. Tensors carry a leading seed axis ``N``."""
 
     name: ClassVar[str]
+    #: the config sections the agent reads: those of the agents it extends, then its own (REDQ:
+    #: ``alpha``, ``redq``); the options of any other section must keep their defaults in its runs
+    sections: ClassVar[tuple[str, ...]]
     compiles: ClassVar[bool]
     #: rows of standard-normal noise ``[rows, N, B, A]`` an update (and a diagnostics probe) draws
     noise_rows: ClassVar[int]
@@ -105,21 +109,38 @@ _broken: dict[str, str] | None = None
 def register_agent(name: str, config: type | None = None, section: str | None = None) -> Callable[[type], type]:
     """Class decorator: make the agent selectable as ``agent: name`` in run configs, with its own
     options ``config`` (a config dataclass) under the top-level key ``section`` (default: ``name``),
-    which every RL config then accepts and ``--help`` lists."""
+    which every RL config then accepts and ``--help`` lists. A ``ValueError`` refuses options that a
+    run config could not hold (a run key's or another section's name, an option without a default or
+    of a type the config cannot parse, defaults that ``validate()`` rejects): a plug-in's is then
+    broken, and costs only itself."""
 
     def wrap(cls: type) -> type:
         if name in AGENTS and AGENTS[name] is not cls:
             raise ValueError(f"agent '{name}' is already registered ({AGENTS[name].__qualname__})")
         key = section or name
-        if config is not None and key in SECTIONS and SECTIONS[key][0] is not config:
-            raise ValueError(f"config section '{key}' is already registered ({SECTIONS[key][0].__qualname__})")
+        if config is not None:
+            _check_section(key, config)
         cls.name = name
+        cls.sections = tuple(dict.fromkeys([*getattr(cls, "sections", ()), *([key] if config is not None else [])]))
         AGENTS[name] = cls
         if config is not None:
             SECTIONS[key] = (config, f"{name}'s own options (agent: {name})")
         return cls
 
     return wrap
+
+
+def _check_section(key: str, config: type) -> None:
+    """Refuse an agent's options that no run config could hold: under a key of the run config or of
+    another section, or options that :func:`~sac_spectral.core.config.check_section` refuses."""
+    from sac_spectral.agents.config import TrainConfig  # here: agents.config imports this module
+
+    if key in {f.name for f in dataclasses.fields(TrainConfig)}:
+        raise ValueError(f"config section '{key}' would replace the run config's key '{key}'; "
+                         "name the section otherwise (register_agent(..., section=...))")
+    if key in SECTIONS and SECTIONS[key][0] is not config:
+        raise ValueError(f"config section '{key}' is already registered ({SECTIONS[key][0].__qualname__})")
+    check_section(config, key)
 
 
 def _register_plugin(name: str, obj: Any) -> None:
@@ -130,12 +151,19 @@ def _register_plugin(name: str, obj: Any) -> None:
         register_agent(name)(obj)
 
 
+def _holder(cls: type) -> str:
+    """``the built-in sac_spectral.agents.sac:SAC``, or ``the agent mod:Cls`` some code registered."""
+    where = f"{cls.__module__}:{cls.__qualname__}"
+    return f"the built-in {where}" if cls.__module__.startswith(f"{OWNER}.") else f"the agent {where}"
+
+
 def discover_agents() -> dict[str, str]:
-    """Load the agents that installed packages declare in :data:`GROUP` (once): a broken one costs
-    one warning line; returns the broken ones' names with the reason."""
+    """Load the agents that installed packages declare in :data:`GROUP` (once): the names already
+    registered (the built-ins) keep their agents, and a plug-in that names one is not imported; a
+    broken or ignored plug-in costs one warning line. Returns the broken ones' names with the reason."""
     global _broken
     if _broken is None:
-        _broken = load_entry_points(GROUP, _register_plugin)
+        _broken = load_entry_points(GROUP, _register_plugin, {name: _holder(cls) for name, cls in AGENTS.items()})
     return _broken
 
 
@@ -143,6 +171,16 @@ def agent_sections() -> dict[str, tuple[type, str]]:
     """Every registered agent's own config section (installed packages' agents included)."""
     discover_agents()
     return SECTIONS
+
+
+def agent_choices() -> str:
+    """The ``agent`` key's help: the built-in agents, then the others registered (installed plug-ins,
+    or agents your code registers)."""
+    discover_agents()
+    built_in = [name for name, cls in AGENTS.items() if cls.__module__.startswith(f"{OWNER}.")]
+    others = [name for name in AGENTS if name not in built_in]
+    added = f"; plug-ins: {', '.join(others)}" if others else f"; no plug-ins installed (entry-point group {GROUP})"
+    return f"the agent: {', '.join(built_in)} (built in){added}"
 
 
 def agent_class(name: str) -> type:

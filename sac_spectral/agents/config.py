@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sac_spectral.agents.base import AGENTS, agent_class, agent_sections
+from sac_spectral.agents.base import AGENTS, agent_choices, agent_class, agent_sections
 from sac_spectral.agents.probes import DiagnosticsConfig
-from sac_spectral.core.config import ConfigError, at_least, check, option, section
+from sac_spectral.core.config import ConfigError, at_least, check, flatten, option, section, to_dict
 from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS
 from sac_spectral.core.precision import BF16_FLAGS, PRECISIONS, cpu_bf16
@@ -167,7 +167,7 @@ class SwitchConfig:
 
 @dataclass
 class TrainConfig(SACConfig):
-    agent: str = option("sac", "the agent: a registered name (sac, td3, or one your code registers)")
+    agent: str = option("sac", agent_choices)
     env: str = option("dmc:cheetah-run", "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
     seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
     num_seeds: int = option(1, "independent agents trained together as members of batched networks")
@@ -224,6 +224,20 @@ class TrainConfig(SACConfig):
         check(not self.compile or agent.compiles, "compile",
               f"agent '{self.agent}' has no compiled update; use compile=false (agents with one: "
               f"{', '.join(n for n, a in sorted(AGENTS.items()) if a.compiles)})")
+        self._check_unused_sections(agent.sections)
+
+    def _check_unused_sections(self, used: Sequence[str]) -> None:
+        """Refuse an option of a section this run's agent does not read, set away from its default
+        (it would be thrown away); a saved config holds every section at its defaults."""
+        for key, (tp, _) in self.registered_sections().items():
+            if key in used:
+                continue
+            given, default = flatten(to_dict(getattr(self, key))), flatten(to_dict(tp()))
+            changed = next((k for k, v in given.items() if v != default.get(k)), None)
+            if changed is not None:
+                owners = [name for name, cls in AGENTS.items() if key in cls.sections]
+                raise ConfigError(f"{key}.{changed} is an option of agent{'s' * (len(owners) > 1)} {', '.join(owners)}; "
+                                  f"this run's agent is {self.agent}")
 
     def _resolve_tasks(self) -> None:
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and

@@ -17,7 +17,7 @@ import re
 import reprlib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -301,6 +301,24 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return out
 
 
+def check_section(cls: type, key: str) -> None:
+    """Refuse a section class that a config could not hold under ``key``: not a dataclass, an option
+    without a default, an option of a type :func:`coerce` cannot parse, or defaults that YAML cannot
+    write or that its own ``validate()`` rejects. A one-line :class:`ConfigError` naming the option."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ConfigError(f"{key}: the options must be a dataclass, got {shown(cls)}")
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{key}.{missing[0]}: has no default; every option needs one")
+    data = to_dict(cls())
+    try:
+        yaml.safe_dump(data)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{key}: its defaults cannot be written as YAML ({one_line(err)})") from None
+    from_dict(cls, data, prefix=f"{key}.")
+
+
 def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in update.items():
@@ -390,7 +408,8 @@ def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[st
         if dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, prefix=f"{prefix}{f.name}.", defaults=value))
         else:
-            rows.append((f"{prefix}{f.name}", _type_name(tp), value, f.metadata.get("help", "")))
+            doc = f.metadata.get("help", "")
+            rows.append((f"{prefix}{f.name}", _type_name(tp), value, doc() if callable(doc) else doc))
     for key, (tp, _) in registered_sections(cls).items():
         rows.extend(describe(tp, prefix=f"{prefix}{key}.", defaults=getattr(defaults, key)))
     return rows
@@ -407,8 +426,9 @@ def help_text(cls: type) -> str:
     return "\n".join(lines)
 
 
-def option(default: Any, help: str) -> Any:
-    """Dataclass field with a default (copied if mutable) and a help string."""
+def option(default: Any, help: str | Callable[[], str]) -> Any:
+    """Dataclass field with a default (copied if mutable) and a help string (or a function that
+    writes it when ``--help`` asks, for choices known only then)."""
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
     return dataclasses.field(default=default, metadata={"help": help})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -56,25 +56,27 @@ def _origin(point: EntryPoint) -> str:
     return f"the plug-in {point.value} (package {_package(point)} {version})"
 
 
-def load_entry_points(group: str, register: Callable[[str, Any], None]) -> dict[str, str]:
+def load_entry_points(group: str, register: Callable[[str, Any], None],
+                      held: Mapping[str, str] | None = None) -> dict[str, str]:
     """Load each entry point of ``group``, built-ins first, and call ``register(name, obj)`` with the
     object it names; ``register`` raises to refuse an object.
 
-    A name belongs to its first entry point: a later one of the same name (a plug-in naming a
-    built-in, or two plug-ins one name) is not imported, and one warning line names both. An entry
-    point whose import or ``register`` raises is skipped with one warning line. Returns the skipped
-    names, each with a one-line reason (which entry point of which package, and its error), for a
-    later lookup of the name to say why it is unavailable.
+    A name belongs to its first holder: ``held`` (names registered before any entry point loads,
+    such as the built-ins registered by import, each with who holds it), then the first entry point
+    of that name. A later one (a plug-in naming a built-in, or two plug-ins one name) is not
+    imported, and one warning line names both. An entry point whose import or ``register`` raises is
+    skipped with one warning line. Returns the skipped names, each with a one-line reason (which
+    entry point of which package, and its error), for a later lookup of the name to say why it is
+    unavailable.
     """
-    owners: dict[str, EntryPoint] = {}
+    owners: dict[str, str] = dict(held or {})
     broken: dict[str, str] = {}
     points = sorted(entry_points(group=group), key=lambda p: (not _builtin(p), _normal(_package(p)), p.name))
     for point in points:
         if point.name in owners:
-            _warn(f"{group}: '{point.name}' of {_origin(point)} ignored; {_origin(owners[point.name])} "
-                  "keeps that name")
+            _warn(f"{group}: '{point.name}' of {_origin(point)} ignored; {owners[point.name]} keeps that name")
             continue
-        owners[point.name] = point
+        owners[point.name] = _origin(point)
         try:
             register(point.name, point.load())
         except (Exception, SystemExit) as err:
