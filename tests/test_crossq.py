@@ -13,6 +13,7 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 from conftest import reference_batch
 from sac_spectral.agents import AGENTS, CrossQ
 from sac_spectral.agents.config import TrainConfig
+from sac_spectral.agents.crossq import BatchRenorm
 from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT, B, C = 5, 2, 16, 2
@@ -157,3 +158,25 @@ def test_update_equals_the_papers_equations_after_three_updates():
     assert worst < 1e-6, worst
     assert agent.log_alpha.item() != math.log(cfg.alpha.init)  # the actor and temperature stepped
     assert int(net.in_norm.steps) == 3
+
+
+def test_bf16_updates_keep_fp32_running_statistics_and_follow_fp32():
+    """``precision=bf16`` (bf16 matmuls, the renormalization in fp32): three updates, the second and
+    third renormalizing and the third stepping the actor, keep the running statistics fp32 and agree
+    with fp32's updates to bf16's rounding."""
+    torch.manual_seed(0)
+    data = [(reference_batch(B, OBS, ACT), torch.randn(2, 1, B, ACT)) for _ in range(3)]
+    agents, losses = {}, {}
+    for precision in ("fp32", "bf16"):
+        cfg = _config()
+        cfg.precision = precision
+        agents[precision] = agent = CrossQ(OBS, ACT, cfg, SeedStreams([3]))
+        losses[precision] = torch.stack([agent.update(batch, noise)["loss/critic"] for batch, noise in data])
+    norms = [m for m in agents["bf16"].critic.modules() if isinstance(m, BatchRenorm)]
+    assert all(m.running_mean.dtype == m.running_var.dtype == torch.float32 for m in norms)
+    assert int(norms[0].steps) == 3 and agents["bf16"].log_alpha.item() != math.log(_config().alpha.init)
+    assert torch.allclose(losses["bf16"], losses["fp32"], rtol=0.05), (losses["bf16"], losses["fp32"])
+    ours, theirs = (dict(agents[p].critic.named_buffers()) for p in ("bf16", "fp32"))
+    for name in ours:
+        if "running" in name:
+            assert torch.allclose(ours[name], theirs[name], rtol=0.02, atol=1e-3), name

@@ -42,6 +42,7 @@ from sac_spectral.agents.sac import SAC
 from sac_spectral.agents.steps import Metrics, NetStep
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedNetwork
+from sac_spectral.core.precision import full
 from sac_spectral.core.reinit import per_member
 from sac_spectral.core.seeding import SeedStreams
 
@@ -70,7 +71,9 @@ class CrossQConfig:
 class BatchRenorm(BatchedLayerNorm):
     """Batch renormalization over the batch axis of ``[M, B, F]``, per member: gain and shift
     ``[M, F]``, running mean and variance ``[M, F]``. It uses the running statistics unless
-    ``batch`` is set, and moves them only when ``update`` is set too (:func:`batch_statistics`)."""
+    ``batch`` is set, and moves them only when ``update`` is set too (:func:`batch_statistics`).
+    It computes in fp32 whatever its input (``precision=bf16``: a bf16 layer's output), as the
+    other norms keep their parameters, so the running statistics stay fp32."""
 
     def __init__(self, members: int, features: int, opts: CrossQConfig, eps: float = 1e-3) -> None:
         super().__init__(members, features, eps)
@@ -81,10 +84,10 @@ class BatchRenorm(BatchedLayerNorm):
 
     def normalized(self, x: Tensor) -> Tensor:
         """``x`` normalized by the running statistics (what the forward does outside :func:`batch_statistics`)."""
-        mean, var = self.running_mean.unsqueeze(1).to(x.dtype), self.running_var.unsqueeze(1).to(x.dtype)
-        return (x - mean) / (var + self.eps).sqrt()
+        return (x - self.running_mean.unsqueeze(1)) / (self.running_var.unsqueeze(1) + self.eps).sqrt()
 
     def forward(self, x: Tensor, detach: bool = False) -> Tensor:
+        x = full(x)  # a bf16 layer's output: statistics in fp32, as the running ones
         w, b = (self.weight.detach(), self.bias.detach()) if detach else (self.weight, self.bias)
         if not self.batch:
             return torch.addcmul(b.unsqueeze(1), self.normalized(x), w.unsqueeze(1))
