@@ -6,6 +6,7 @@ parameters, batches and noise give the same networks and running statistics afte
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
@@ -14,6 +15,7 @@ from conftest import reference_batch
 from sac_spectral.agents import AGENTS, CrossQ
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.crossq import BatchRenorm
+from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT, B, C = 5, 2, 16, 2
@@ -180,3 +182,24 @@ def test_bf16_updates_keep_fp32_running_statistics_and_follow_fp32():
     for name in ours:
         if "running" in name:
             assert torch.allclose(ours[name], theirs[name], rtol=0.02, atol=1e-3), name
+
+
+def test_the_critic_follows_critic_activation_and_init():
+    cfg = _config()
+    cfg.critic.activation, cfg.critic.init = "tanh", "torch"
+    critic = CrossQ(OBS, ACT, cfg, SeedStreams([0])).critic
+    assert all(layer.init == "torch" for layer in [*critic.layers, *critic.heads])
+    x = torch.randn(C, 8, OBS + ACT)
+    h = critic.in_norm(x)
+    for layer, norm in zip(critic.layers, critic.norms):
+        h = norm(torch.tanh(layer(h)))
+    assert torch.equal(critic(x), critic.heads[0](h))
+
+
+@pytest.mark.parametrize("critic, key", [({"arch": "bronet"}, "critic.arch"), ({"layer_norm": True}, "critic.layer_norm"),
+                                         ({"activation": "crelu"}, "critic.activation")])
+def test_critic_options_it_cannot_honour_are_refused(critic, key):
+    """In one line naming the key; the same options stay valid for SAC."""
+    with pytest.raises(ConfigError, match=rf"^{key}: crossq"):
+        from_dict(TrainConfig, {"agent": "crossq", "critic": critic})
+    from_dict(TrainConfig, {"agent": "sac", "critic": critic})

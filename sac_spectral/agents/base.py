@@ -71,6 +71,11 @@ class Agent(Protocol):
         """The trained networks of ``members`` seeds as built (for memory estimates), untrained."""
 
     @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """Refuse, in one ``ConfigError`` line, a config this agent cannot run as written (checked
+        with the config, before anything is written)."""
+
+    @classmethod
     def run_warnings(cls, cfg: Any) -> list[str]:
         """One line per thing a run of ``cfg`` would silently never do (told at the start, kept in
         the summary)."""

@@ -224,6 +224,7 @@ class TrainConfig(SACConfig):
         check(not self.compile or agent.compiles, "compile",
               f"agent '{self.agent}' has no compiled update; use compile=false (agents with one: "
               f"{', '.join(n for n, a in sorted(AGENTS.items()) if a.compiles)})")
+        agent.check_config(self)
 
     def _resolve_tasks(self) -> None:
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and
