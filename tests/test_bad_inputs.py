@@ -698,6 +698,8 @@ for _tool, _args, _frag in [
 for _args, _frags in [
     (["agent=crossq", "critic.arch=bronet", "total_steps=100"], ("critic.arch", "crossq")),
     (["agent=crossq", "critic.layer_norm=true", "total_steps=100"], ("critic.layer_norm", "crossq")),
+    (["agent=redq", "critic.num_critics=1", "total_steps=100"], ("redq.num_min", "critic.num_critics")),
+    (["agent=redq", "critic.num_critics=3", "redq.num_min=5", "total_steps=100"], ("redq.num_min", "critic.num_critics")),
 ]:
     attack()(_plain_error("train", _args, 2, *_frags))
 

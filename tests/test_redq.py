@@ -4,6 +4,7 @@ noise give the same networks after three updates (the actor steps on the second)
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
@@ -12,6 +13,7 @@ from conftest import reference_batch
 from sac_spectral.agents import AGENTS, REDQ
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.redq import random_subset
+from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT, B, N, M = 5, 2, 16, 10, 2
@@ -132,3 +134,10 @@ def test_the_random_subsets_are_uniform():
     counts = torch.bincount(subsets.flatten(), minlength=N).double() / len(subsets)
     assert subsets.shape == (20_000, M) and (subsets[:, 0] != subsets[:, 1]).all()
     assert torch.allclose(counts, torch.full((N,), M / N, dtype=torch.float64), atol=0.015)
+
+
+@pytest.mark.parametrize("options", [{"critic": {"num_critics": 1}}, {"critic": {"num_critics": 3}, "redq": {"num_min": 5}}])
+def test_a_subset_larger_than_the_ensemble_is_refused(options):
+    with pytest.raises(ConfigError, match=r"^redq\.num_min: must be <= critic\.num_critics"):
+        from_dict(TrainConfig, {"agent": "redq", **options})
+    from_dict(TrainConfig, {"agent": "redq", "critic": {"num_critics": 2}})  # M = N: the minimum over all

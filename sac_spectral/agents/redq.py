@@ -31,7 +31,7 @@ from torch import Tensor
 from sac_spectral.agents.base import register_agent
 from sac_spectral.agents.sac import SAC
 from sac_spectral.agents.steps import Metrics, NetStep
-from sac_spectral.core.config import at_least, option
+from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.seeding import SeedStreams
 
 
@@ -63,6 +63,13 @@ class REDQ(SAC):
         super().__init__(obs_dim, act_dim, cfg, streams, device)
         zeros = torch.zeros(self.num_seeds, device=device)
         self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """The subset of ``redq.num_min`` critics is drawn from the ``critic.num_critics`` of the ensemble."""
+        super().check_config(cfg)
+        n, m = cfg.critic.num_critics, cfg.redq.num_min
+        check(m <= n, "redq.num_min", f"must be <= critic.num_critics ({n}): the target's subset is drawn from the ensemble, got {m}")
 
     def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor | None = None) -> Tensor:
         """``[N, B]`` target on the minimum of the critics in ``subset`` ``[N, M]`` (drawn from
