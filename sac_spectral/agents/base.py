@@ -30,7 +30,7 @@ class Agent(Protocol):
 
     name: ClassVar[str]
     compiles: ClassVar[bool]
-    #: rows of standard-normal noise ``[rows, N, B, A]`` an update (and a diagnostics probe) draws
+    #: rows of standard-normal noise ``[rows, N, B, A]`` a diagnostics probe (and at least, an update) draws
     noise_rows: ClassVar[int]
     obs_dim: int
     act_dim: int

@@ -13,15 +13,17 @@ Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, o
 
 The subset of each seed and update comes from the update's noise: a third row of standard
 normals, whose first ``N`` values' ranks are a uniformly random permutation (the first ``M`` of
-it are the subset), so compiled updates draw exactly what eager ones draw. Steps are sequential
-(critic step, Polyak step, then actor and temperature on the updated critics), as this package's
-SAC; the authors' code forms the actor's loss before the critics' step.
+it are the subset), so compiled updates draw exactly what eager ones draw. Where a row holds fewer
+than ``N`` normals (``batch_size·|A| < N``), the update draws as many more rows as that takes.
+Steps are sequential (critic step, Polyak step, then actor and temperature on the updated
+critics), as this package's SAC; the authors' code forms the actor's loss before the critics' step.
 
 Run config: ``run_configs/redq.yaml`` (N = 10, M = 2, UTD 20, target entropy −|A|).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,9 +92,14 @@ class REDQ(SAC):
         q = self.q_values(self.critic, batch["obs"], batch["action"])
         return (q - target.unsqueeze(1)).square(), q
 
+    def update_noise_rows(self, batch_size: int) -> int:
+        """SAC's two rows, then the subset's: one, or as many as hold ``N`` normals when ``B·A < N``."""
+        return 2 + math.ceil(self.num_critics / (batch_size * self.act_dim))
+
     def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """The TD losses on the target of this update's subset (``noise[2]``)."""
-        return self.critic_losses(batch, noise[0], random_subset(noise[2], self.cfg.redq.num_min, self.num_critics))
+        """The TD losses on the target of this update's subset (``noise[2:]``, ``noise[2]`` first)."""
+        subset = random_subset(noise[2:].movedim(0, 1), self.cfg.redq.num_min, self.num_critics)
+        return self.critic_losses(batch, noise[0], subset)
 
     def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic
