@@ -198,7 +198,7 @@ def test_the_options_an_agent_reads_and_every_agents_defaults_are_accepted(disco
     section, at its defaults where the agent does not read it."""
     discover("myagents", "fixed_sac = my_agents:FixedSAC\n", {"my_agents": AGENT})
     assert base.AGENTS["redq"].sections == ("alpha", "redq") and base.AGENTS["fixed_sac"].sections == ("alpha", "fixed_sac")
-    assert load_config(TrainConfig, overrides=["agent=redq", "alpha.init=0.5", "redq.num_min=3"]).redq.num_min == 3
+    assert load_config(TrainConfig, overrides=["agent=redq", "alpha.init=0.5", "redq.num_min=1"]).redq.num_min == 1
     assert load_config(TrainConfig, overrides=["agent=fixed_sac", "alpha.lr=1e-3", "fixed_sac.alpha=0.1"]).alpha.lr == 1e-3
     assert load_config(TrainConfig, overrides=["td3.policy_delay=2"]).agent == "sac"  # the default: nothing lost
     for agent in ("sac", "td3", "redq", "crossq", "fixed_sac"):

@@ -695,6 +695,14 @@ for _tool, _args, _frag in [
 ]:
     attack()(_plain_error(_tool, _args, 2, _frag))
 
+for _args, _frags in [
+    (["agent=crossq", "critic.arch=bronet", "total_steps=100"], ("critic.arch", "crossq")),
+    (["agent=crossq", "critic.layer_norm=true", "total_steps=100"], ("critic.layer_norm", "crossq")),
+    (["agent=redq", "critic.num_critics=1", "total_steps=100"], ("redq.num_min", "critic.num_critics")),
+    (["agent=redq", "critic.num_critics=3", "redq.num_min=5", "total_steps=100"], ("redq.num_min", "critic.num_critics")),
+]:
+    attack()(_plain_error("train", _args, 2, *_frags))
+
 
 def _config_file_attack(name: str, text: str | bytes, fragment: str) -> Callable[[Ctx], list[str]]:
     def fn(ctx: Ctx) -> list[str]:

@@ -6,6 +6,7 @@ parameters, batches and noise give the same networks and running statistics afte
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
@@ -13,6 +14,8 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 from conftest import reference_batch
 from sac_spectral.agents import AGENTS, CrossQ
 from sac_spectral.agents.config import TrainConfig
+from sac_spectral.agents.crossq import BatchRenorm
+from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT, B, C = 5, 2, 16, 2
@@ -157,3 +160,46 @@ def test_update_equals_the_papers_equations_after_three_updates():
     assert worst < 1e-6, worst
     assert agent.log_alpha.item() != math.log(cfg.alpha.init)  # the actor and temperature stepped
     assert int(net.in_norm.steps) == 3
+
+
+def test_bf16_updates_keep_fp32_running_statistics_and_follow_fp32():
+    """``precision=bf16`` (bf16 matmuls, the renormalization in fp32): three updates, the second and
+    third renormalizing and the third stepping the actor, keep the running statistics fp32 and agree
+    with fp32's updates to bf16's rounding."""
+    torch.manual_seed(0)
+    data = [(reference_batch(B, OBS, ACT), torch.randn(2, 1, B, ACT)) for _ in range(3)]
+    agents, losses = {}, {}
+    for precision in ("fp32", "bf16"):
+        cfg = _config()
+        cfg.precision = precision
+        agents[precision] = agent = CrossQ(OBS, ACT, cfg, SeedStreams([3]))
+        losses[precision] = torch.stack([agent.update(batch, noise)["loss/critic"] for batch, noise in data])
+    norms = [m for m in agents["bf16"].critic.modules() if isinstance(m, BatchRenorm)]
+    assert all(m.running_mean.dtype == m.running_var.dtype == torch.float32 for m in norms)
+    assert int(norms[0].steps) == 3 and agents["bf16"].log_alpha.item() != math.log(_config().alpha.init)
+    assert torch.allclose(losses["bf16"], losses["fp32"], rtol=0.05), (losses["bf16"], losses["fp32"])
+    ours, theirs = (dict(agents[p].critic.named_buffers()) for p in ("bf16", "fp32"))
+    for name in ours:
+        if "running" in name:
+            assert torch.allclose(ours[name], theirs[name], rtol=0.02, atol=1e-3), name
+
+
+def test_the_critic_follows_critic_activation_and_init():
+    cfg = _config()
+    cfg.critic.activation, cfg.critic.init = "tanh", "torch"
+    critic = CrossQ(OBS, ACT, cfg, SeedStreams([0])).critic
+    assert all(layer.init == "torch" for layer in [*critic.layers, *critic.heads])
+    x = torch.randn(C, 8, OBS + ACT)
+    h = critic.in_norm(x)
+    for layer, norm in zip(critic.layers, critic.norms):
+        h = norm(torch.tanh(layer(h)))
+    assert torch.equal(critic(x), critic.heads[0](h))
+
+
+@pytest.mark.parametrize("critic, key", [({"arch": "bronet"}, "critic.arch"), ({"layer_norm": True}, "critic.layer_norm"),
+                                         ({"activation": "crelu"}, "critic.activation")])
+def test_critic_options_it_cannot_honour_are_refused(critic, key):
+    """In one line naming the key; the same options stay valid for SAC."""
+    with pytest.raises(ConfigError, match=rf"^{key}: crossq"):
+        from_dict(TrainConfig, {"agent": "crossq", "critic": critic})
+    from_dict(TrainConfig, {"agent": "sac", "critic": critic})

@@ -4,14 +4,16 @@ noise give the same networks after three updates (the actor steps on the second)
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from conftest import reference_batch
-from sac_spectral.agents import AGENTS, REDQ
+from sac_spectral.agents import AGENTS, REDQ, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.redq import random_subset
+from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT, B, N, M = 5, 2, 16, 10, 2
@@ -132,3 +134,32 @@ def test_the_random_subsets_are_uniform():
     counts = torch.bincount(subsets.flatten(), minlength=N).double() / len(subsets)
     assert subsets.shape == (20_000, M) and (subsets[:, 0] != subsets[:, 1]).all()
     assert torch.allclose(counts, torch.full((N,), M / N, dtype=torch.float64), atol=0.015)
+
+
+@pytest.mark.parametrize("options", [{"critic": {"num_critics": 1}}, {"critic": {"num_critics": 3}, "redq": {"num_min": 5}}])
+def test_a_subset_larger_than_the_ensemble_is_refused(options):
+    with pytest.raises(ConfigError, match=r"^redq\.num_min: must be <= critic\.num_critics"):
+        from_dict(TrainConfig, {"agent": "redq", **options})
+    from_dict(TrainConfig, {"agent": "redq", "critic": {"num_critics": 2}})  # M = N: the minimum over all
+
+
+def test_every_critic_is_drawn_when_a_noise_row_holds_fewer_normals_than_critics():
+    """``batch_size·|A| < N`` (4·1 < 10): the subsets of the updates still cover every critic, about
+    ``M/N`` of the time each."""
+    agent = REDQ(OBS, 1, _config(), SeedStreams([0]))
+    buffer, g = ReplayBuffer(64, OBS, 1, 1), torch.Generator().manual_seed(0)
+    for _ in range(64):
+        buffer.add(torch.randn(1, OBS, generator=g), torch.rand(1, 1, generator=g) * 2 - 1, torch.randn(1, generator=g),
+                   torch.randn(1, OBS, generator=g), torch.zeros(1))
+    subsets, target = [], agent.critic_target
+
+    def spy(batch, noise, subset=None):
+        subsets.append(subset)
+        return target(batch, noise, subset)
+
+    agent.critic_target = spy
+    agent.train_steps(buffer, 400, 4)
+    drawn = torch.cat(subsets)
+    counts = torch.bincount(drawn.flatten(), minlength=N)
+    assert drawn.shape == (400, M) and (drawn[:, 0] != drawn[:, 1]).all()
+    assert ((counts > 40) & (counts < 120)).all(), counts  # 80 expected each

@@ -102,6 +102,12 @@ class ActorCritic(Engine):
     actor_delay: ClassVar[str | None] = None
 
     @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """Refuse, in one :class:`~sac_spectral.core.config.ConfigError` line, what this agent cannot run
+        as ``cfg`` says (checked with the config, before anything is built or written); SAC and TD3
+        run every valid config."""
+
+    @classmethod
     def run_warnings(cls, cfg: Any) -> list[str]:
         """What a run of ``cfg`` would silently never do in its ``cfg.total_updates`` updates: an
         actor whose delay exceeds them, an intervention whose ``at_step`` lies beyond them."""

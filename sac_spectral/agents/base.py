@@ -34,7 +34,7 @@ class Agent(Protocol):
     #: ``alpha``, ``redq``); the options of any other section must keep their defaults in its runs
     sections: ClassVar[tuple[str, ...]]
     compiles: ClassVar[bool]
-    #: rows of standard-normal noise ``[rows, N, B, A]`` an update (and a diagnostics probe) draws
+    #: rows of standard-normal noise ``[rows, N, B, A]`` a diagnostics probe (and at least, an update) draws
     noise_rows: ClassVar[int]
     obs_dim: int
     act_dim: int
@@ -73,6 +73,11 @@ class Agent(Protocol):
     @classmethod
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any) -> dict[str, nn.Module]:
         """The trained networks of ``members`` seeds as built (for memory estimates), untrained."""
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """Refuse, in one ``ConfigError`` line, a config this agent cannot run as written (checked
+        with the config, before anything is written)."""
 
     @classmethod
     def run_warnings(cls, cfg: Any) -> list[str]:

@@ -225,6 +225,7 @@ class TrainConfig(SACConfig):
               f"agent '{self.agent}' has no compiled update; use compile=false (agents with one: "
               f"{', '.join(n for n, a in sorted(AGENTS.items()) if a.compiles)})")
         self._check_unused_sections(agent.sections)
+        agent.check_config(self)
 
     def _check_unused_sections(self, used: Sequence[str]) -> None:
         """Refuse an option of a section this run's agent does not read, set away from its default

@@ -21,7 +21,9 @@ Differences from the authors' code: the actor is SAC's MLP without batch normali
 normalizes it too); the gradient-rank diagnostics differentiate the critics at their running
 statistics (batch statistics would couple the examples).
 
-``compile: true`` is refused: the running statistics are written inside the forward.
+The critic follows ``critic.hidden``, ``critic.activation`` (ReLU in the paper; one that keeps the
+width) and ``critic.init``; another ``critic.arch`` and ``critic.layer_norm: true`` are refused in
+one line, as is ``compile: true`` (the running statistics are written inside the forward).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sac_spectral.agents.actor_critic import member_generators
@@ -41,7 +42,8 @@ from sac_spectral.agents.networks import make_actor
 from sac_spectral.agents.sac import SAC
 from sac_spectral.agents.steps import Metrics, NetStep
 from sac_spectral.core.config import at_least, check, option
-from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedNetwork
+from sac_spectral.core.nets import ACTIVATIONS, BatchedLayerNorm, BatchedLinear, BatchedNetwork
+from sac_spectral.core.precision import full
 from sac_spectral.core.reinit import per_member
 from sac_spectral.core.seeding import SeedStreams
 
@@ -70,7 +72,9 @@ class CrossQConfig:
 class BatchRenorm(BatchedLayerNorm):
     """Batch renormalization over the batch axis of ``[M, B, F]``, per member: gain and shift
     ``[M, F]``, running mean and variance ``[M, F]``. It uses the running statistics unless
-    ``batch`` is set, and moves them only when ``update`` is set too (:func:`batch_statistics`)."""
+    ``batch`` is set, and moves them only when ``update`` is set too (:func:`batch_statistics`).
+    It computes in fp32 whatever its input (``precision=bf16``: a bf16 layer's output), as the
+    other norms keep their parameters, so the running statistics stay fp32."""
 
     def __init__(self, members: int, features: int, opts: CrossQConfig, eps: float = 1e-3) -> None:
         super().__init__(members, features, eps)
@@ -81,10 +85,10 @@ class BatchRenorm(BatchedLayerNorm):
 
     def normalized(self, x: Tensor) -> Tensor:
         """``x`` normalized by the running statistics (what the forward does outside :func:`batch_statistics`)."""
-        mean, var = self.running_mean.unsqueeze(1).to(x.dtype), self.running_var.unsqueeze(1).to(x.dtype)
-        return (x - mean) / (var + self.eps).sqrt()
+        return (x - self.running_mean.unsqueeze(1)) / (self.running_var.unsqueeze(1) + self.eps).sqrt()
 
     def forward(self, x: Tensor, detach: bool = False) -> Tensor:
+        x = full(x)  # a bf16 layer's output: statistics in fp32, as the running ones
         w, b = (self.weight.detach(), self.bias.detach()) if detach else (self.weight, self.bias)
         if not self.batch:
             return torch.addcmul(b.unsqueeze(1), self.normalized(x), w.unsqueeze(1))
@@ -117,18 +121,23 @@ def batch_statistics(net: nn.Module, update: bool) -> Iterator[None]:
 
 
 class RenormMLP(BatchedNetwork):
-    """``M`` MLPs ``BRN → [Linear → ReLU → BRN] × k → Linear`` (orthogonal init, gain √2)."""
+    """``M`` MLPs ``BRN → [Linear → activation → BRN] × k → Linear`` (``init``: orthogonal with gain
+    √2, or torch's); the activation keeps the width (:data:`ACTIVATIONS`' multiplier 1)."""
 
-    def __init__(self, members: int, in_dim: int, hidden: list[int], opts: CrossQConfig,
-                 generators: list[torch.Generator] | None = None) -> None:
+    def __init__(self, members: int, in_dim: int, hidden: list[int], opts: CrossQConfig, activation: str = "relu",
+                 init: str = "orthogonal", generators: list[torch.Generator] | None = None) -> None:
         super().__init__()
+        self._act, width_mult = ACTIVATIONS[activation]
+        if width_mult != 1:
+            raise ValueError(f"batch renormalization keeps each hidden layer's width; '{activation}' changes it")
         gens = per_member(generators, members)
         self.members, self.in_dim, self.out_dims = members, in_dim, (1,)
         self.in_norm = BatchRenorm(members, in_dim, opts)
         dims = [in_dim, *hidden]
-        self.layers = nn.ModuleList(BatchedLinear(members, a, b, gain=_GAIN, generators=gens) for a, b in zip(dims, hidden))
+        self.layers = nn.ModuleList(BatchedLinear(members, a, b, init=init, gain=_GAIN, generators=gens)
+                                    for a, b in zip(dims, hidden))
         self.norms = nn.ModuleList(BatchRenorm(members, h, opts) for h in hidden)
-        self.heads = nn.ModuleList([BatchedLinear(members, dims[-1], 1, gain=_GAIN, generators=gens)])
+        self.heads = nn.ModuleList([BatchedLinear(members, dims[-1], 1, init=init, gain=_GAIN, generators=gens)])
 
     def output_layers(self) -> list[nn.Module]:
         return list(self.heads)
@@ -151,7 +160,7 @@ class RenormMLP(BatchedNetwork):
         x = self.in_norm(x, detach)
         hidden = []
         for layer, norm in zip(self.layers, self.norms):
-            x = norm(F.relu(layer(x, detach)), detach)
+            x = norm(self._act(layer(x, detach)), detach)
             hidden.append(x)
         out = self.heads[0](x, detach)
         return (out, hidden) if return_hidden else out
@@ -173,9 +182,21 @@ class CrossQ(SAC):
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
                  streams: SeedStreams | None = None) -> dict[str, nn.Module]:
         actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
-        c = cfg.critic.num_critics
-        critic = RenormMLP(members * c, obs_dim + act_dim, list(cfg.critic.hidden), cfg.crossq, member_generators(streams, c))
+        c = cfg.critic
+        critic = RenormMLP(members * c.num_critics, obs_dim + act_dim, list(c.hidden), cfg.crossq, c.activation, c.init,
+                           member_generators(streams, c.num_critics))
         return {"actor": actor, "critic": critic}
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """The critic is the batch-renormalized MLP: ``critic.hidden``, ``critic.activation`` (one that
+        keeps the width) and ``critic.init`` apply; another ``critic.arch`` or ``critic.layer_norm`` is refused."""
+        super().check_config(cfg)
+        c = cfg.critic
+        check(c.arch == "mlp", "critic.arch", f"crossq's critic is its batch-renormalized MLP; '{c.arch}' is not available (use mlp)")
+        check(not c.layer_norm, "critic.layer_norm", "crossq's critic is normalized by batch renormalization; use false")
+        check(ACTIVATIONS[c.activation][1] == 1, "critic.activation",
+              f"crossq renormalizes each hidden layer's units; '{c.activation}' changes the width")
 
     def _train_actor_critic(self, actor_groups: list[dict[str, Any]] | None = None,
                             betas: tuple[float, float] = (0.9, 0.999)) -> None:

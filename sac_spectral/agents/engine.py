@@ -105,7 +105,8 @@ class Engine(nn.Module):
     name: ClassVar[str]
     #: whether ``compile: true`` compiles its update (from :meth:`steps`)
     compiles: ClassVar[bool] = True
-    #: rows of standard-normal noise ``[rows, N, B, A]`` each update draws (SAC: next and current actions)
+    #: rows of standard-normal noise ``[rows, N, B, A]`` each update (at least: :meth:`update_noise_rows`)
+    #: and each diagnostics probe draws (SAC: next and current actions)
     noise_rows: ClassVar[int] = 2
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams) -> None:
@@ -188,10 +189,16 @@ class Engine(nn.Module):
         self.num_updates = update
         return dict(self.last_metrics)
 
+    def update_noise_rows(self, batch_size: int) -> int:
+        """Rows of noise an update on ``batch_size`` transitions draws: :attr:`noise_rows` (REDQ may
+        need more for its subset)."""
+        return self.noise_rows
+
     def draw_noise(self, count: int, batch_size: int) -> Tensor:
-        """``[count, rows, N, B, A]`` noise of ``count`` updates from each seed's ``sample`` stream,
-        in :func:`row_major` strides."""
-        return row_major(self.streams.randn("sample", (count, self.noise_rows, batch_size, self.act_dim)).permute(1, 2, 0, 3, 4))
+        """``[count, rows, N, B, A]`` noise of ``count`` updates (:meth:`update_noise_rows` rows) from
+        each seed's ``sample`` stream, in :func:`row_major` strides."""
+        shape = (count, self.update_noise_rows(batch_size), batch_size, self.act_dim)
+        return row_major(self.streams.randn("sample", shape).permute(1, 2, 0, 3, 4))
 
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int,
                     before_last: Callable[[], None] | None = None) -> Metrics:

@@ -13,15 +13,17 @@ Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, o
 
 The subset of each seed and update comes from the update's noise: a third row of standard
 normals, whose first ``N`` values' ranks are a uniformly random permutation (the first ``M`` of
-it are the subset), so compiled updates draw exactly what eager ones draw. Steps are sequential
-(critic step, Polyak step, then actor and temperature on the updated critics), as this package's
-SAC; the authors' code forms the actor's loss before the critics' step.
+it are the subset), so compiled updates draw exactly what eager ones draw. Where a row holds fewer
+than ``N`` normals (``batch_size·|A| < N``), the update draws as many more rows as that takes.
+Steps are sequential (critic step, Polyak step, then actor and temperature on the updated
+critics), as this package's SAC; the authors' code forms the actor's loss before the critics' step.
 
 Run config: ``run_configs/redq.yaml`` (N = 10, M = 2, UTD 20, target entropy −|A|).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,7 @@ from torch import Tensor
 from sac_spectral.agents.base import register_agent
 from sac_spectral.agents.sac import SAC
 from sac_spectral.agents.steps import Metrics, NetStep
-from sac_spectral.core.config import at_least, option
+from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.seeding import SeedStreams
 
 
@@ -64,6 +66,13 @@ class REDQ(SAC):
         zeros = torch.zeros(self.num_seeds, device=device)
         self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
 
+    @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """The subset of ``redq.num_min`` critics is drawn from the ``critic.num_critics`` of the ensemble."""
+        super().check_config(cfg)
+        n, m = cfg.critic.num_critics, cfg.redq.num_min
+        check(m <= n, "redq.num_min", f"must be <= critic.num_critics ({n}): the target's subset is drawn from the ensemble, got {m}")
+
     def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor | None = None) -> Tensor:
         """``[N, B]`` target on the minimum of the critics in ``subset`` ``[N, M]`` (drawn from
         ``noise`` when not given, as the diagnostics' probes do)."""
@@ -83,9 +92,14 @@ class REDQ(SAC):
         q = self.q_values(self.critic, batch["obs"], batch["action"])
         return (q - target.unsqueeze(1)).square(), q
 
+    def update_noise_rows(self, batch_size: int) -> int:
+        """SAC's two rows, then the subset's: one, or as many as hold ``N`` normals when ``B·A < N``."""
+        return 2 + math.ceil(self.num_critics / (batch_size * self.act_dim))
+
     def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """The TD losses on the target of this update's subset (``noise[2]``)."""
-        return self.critic_losses(batch, noise[0], random_subset(noise[2], self.cfg.redq.num_min, self.num_critics))
+        """The TD losses on the target of this update's subset (``noise[2:]``, ``noise[2]`` first)."""
+        subset = random_subset(noise[2:].movedim(0, 1), self.cfg.redq.num_min, self.num_critics)
+        return self.critic_losses(batch, noise[0], subset)
 
     def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic
