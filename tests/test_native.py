@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from sac_spectral.agents import compiled
 from sac_spectral.core import native
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(native.load() is not None or not (native.build_directory() / "sha256").exists(),
-                                reason="the package's C++ kernels are unavailable here")
+#: the tests that copy this process's build
+needs_a_build = pytest.mark.skipif(native.load() is not None, reason="the package's C++ kernels are unavailable here")
 
 #: in the child: record every write under the extension root and every process started
 AUDIT = """
@@ -58,6 +59,7 @@ def good_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return copy
 
 
+@needs_a_build
 def test_a_good_build_loads_with_no_lock_compiler_ninja_or_write(good_build, tmp_path):
     """A good build loads beside a lock left by a killed process (the torch loader's lock hung every
     start), in a read-only folder (refused before), and without running ninja or the compiler
@@ -106,6 +108,7 @@ def test_a_lock_left_by_a_process_that_is_gone_fails_at_once(tmp_path, monkeypat
 
 
 @pytest.mark.slow
+@needs_a_build
 def test_a_corrupted_library_is_rebuilt(good_build, tmp_path):
     """A library that does not load (here overwritten) is built afresh, loaded and recorded."""
     library = good_build / "sac_spectral_native.so"
@@ -126,3 +129,11 @@ def test_a_missing_compiler_is_said_in_one_line(tmp_path, monkeypatch, env):
     assert proc.stdout.strip() == (f"building onednn.cpp, adam.cpp in {folder} failed: no C++ compiler: "
                                    f"{compiler!r} is not found (set CXX to one)"), proc.stdout + proc.stderr
     assert proc.stderr == ""
+
+
+def test_a_compiled_update_says_in_one_line_why_its_products_stay_on_bmm(monkeypatch, capsys):
+    """Where the kernels are unavailable, one line says why (Python's warning added its source line)."""
+    why = "building onednn.cpp, adam.cpp in /x failed: no C++ compiler: 'c++' is not found (set CXX to one)"
+    monkeypatch.setattr(native, "load", lambda: why)
+    assert compiled._cpu_products.__wrapped__() == {}
+    assert capsys.readouterr().err == f"warning: compiled products stay on torch.bmm: {why}\n"

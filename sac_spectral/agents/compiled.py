@@ -127,11 +127,11 @@ def _import_inductor() -> None:
 @functools.cache
 def _cpu_products() -> dict[str, Any]:
     """Inductor's options for the CPU programs' products: oneDNN's (:mod:`sac_spectral.core.onednn`),
-    or, in one warning where this torch build lacks them, ATen's ``bmm``."""
+    or, where its kernels cannot be built or loaded, ATen's ``bmm`` with a one-line warning that says why."""
     from sac_spectral.core import native, onednn
 
     if (why := native.load()) is not None:
-        warnings.warn(f"compiled products stay on torch.bmm: {why}", stacklevel=2)
+        print(f"warning: compiled products stay on torch.bmm: {why}", file=sys.stderr, flush=True)
         return {}
     return {"post_grad_custom_post_pass": onednn.OneDnnProducts()}
 
