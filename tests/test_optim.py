@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -75,3 +77,33 @@ def test_the_cpu_kernel_of_the_adam_step_equals_its_composite_form(decoupled, st
     for ours, composite in zip(*runs):
         torch.testing.assert_close(ours, composite, rtol=1e-6, atol=1e-7)
     assert [float(s) for s in runs[0][-2:]] == [4.0, 4.0]
+
+
+@pytest.mark.parametrize("form", ["composite", "cpu kernel"])
+@pytest.mark.parametrize("case", ["more gradients", "fewer second moments", "a gradient of another shape",
+                                  "a step of two elements"])
+def test_the_adam_step_refuses_lists_that_do_not_match_its_parameters(form, case):
+    """Both forms of ``sac_spectral::adam_`` refuse, in a ValueError, lists that do not hold one
+    tensor per parameter of its shape (the C++ kernel ended the process on 50 gradients for 2
+    parameters; the composite form used the first 2, or read past a smaller gradient's end)."""
+    if form == "cpu kernel" and native.load() is not None:
+        pytest.skip("the package's C++ kernels are unavailable here")
+    params = [torch.zeros(3, 4), torch.zeros(5)]
+    grads, exp_avgs, exp_avg_sqs = ([torch.full((3, 4), v), torch.full((5,), v)] for v in (1.0, 0.0, 0.0))
+    steps = [torch.zeros(()), torch.zeros(())]
+    message = {"more gradients": "50 gradients for 2 parameters",
+               "fewer second moments": "1 exp_avg_sqs for 2 parameters",
+               "a gradient of another shape": "parameter 1 of shape [5] has gradient [1]",
+               "a step of two elements": "and step [2]"}[case]
+    if case == "more gradients":
+        grads = [torch.ones(5)] * 50
+    elif case == "fewer second moments":
+        exp_avg_sqs = exp_avg_sqs[:1]
+    elif case == "a gradient of another shape":
+        grads[1] = torch.ones(1)
+    else:
+        steps[1] = torch.zeros(2)
+    fn = torch.ops.sac_spectral.adam_ if form == "cpu kernel" else optim._adam
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fn(params, grads, exp_avgs, exp_avg_sqs, steps, 1e-2, 0.9, 0.999, 1e-8, 0.0, False)
+    assert all(not p.any() for p in params)  # nothing written

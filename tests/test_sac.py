@@ -1,5 +1,6 @@
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from torch._dynamo.utils import counters
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
+from sac_spectral.agents.compiled import COMPILE_MINUTES
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer
 
@@ -313,6 +315,19 @@ def test_a_compiled_program_serves_every_count_of_updates_per_call():
         agent.train_steps(buf, count, 8)
     assert agent.num_updates == 8
     assert counters["stats"]["unique_graphs"] - before == 1
+
+
+def test_a_compile_says_what_it_compiles_and_how_long_it_took(capsys):
+    """The first call of a compiled program, its compile (minutes the first time on a busy machine,
+    in silence before), says that it compiles and what a first compile takes, then how long it
+    took; later calls say nothing."""
+    agent = make_agent(cfg=small_cfg(compile=True))
+    agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+    first, done = capsys.readouterr().err.splitlines()
+    assert first == f"compiling the update (first time on this machine: ~{COMPILE_MINUTES} min; cached afterwards)"
+    assert re.fullmatch(r"compiled the update in \d+ s", done), done
+    agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.slow

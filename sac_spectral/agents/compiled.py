@@ -28,7 +28,8 @@ linear layers' weights to bf16 inside the program (bf16 matmuls on fp32 masters,
 copies give). A program is specialised to its agent's structure and configuration at the first
 call; only its arguments (steps, batch, noise, the regularizers with penalties, Adam state and
 hyperparameters) are guarded. :meth:`Compiled.block` runs several consecutive updates as one
-program (``compile_block``) where no regularizer intervenes between them.
+program (``compile_block``) where no regularizer intervenes between them. A program's first call,
+its compile (minutes the first time on a machine), says so in a line, and then how long it took.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import sys
+import time
 import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +56,11 @@ from sac_spectral.regularizers import Regularizer
 
 if TYPE_CHECKING:
     from sac_spectral.agents.engine import Engine
+
+#: minutes a program of one update, and one of a block of updates, takes to compile the first time on
+#: a machine (inductor caches it on disk; a later process compiles it again in seconds): the quick
+#: config's update took 240 s on 2 cores at load average 8, a block of 8 of them 421 s at 6
+COMPILE_MINUTES, BLOCK_COMPILE_MINUTES = "1–5", "2–10"
 #: a regularizer with a penalty, its tensors' places among the trained ones, and the untrained ones
 Penalty = tuple[Regularizer, tuple["int | None", ...], tuple["Tensor | None", ...]]
 
@@ -119,11 +127,11 @@ def _import_inductor() -> None:
 @functools.cache
 def _cpu_products() -> dict[str, Any]:
     """Inductor's options for the CPU programs' products: oneDNN's (:mod:`sac_spectral.core.onednn`),
-    or, in one warning where this torch build lacks them, ATen's ``bmm``."""
+    or, where its kernels cannot be built or loaded, ATen's ``bmm`` with a one-line warning that says why."""
     from sac_spectral.core import native, onednn
 
     if (why := native.load()) is not None:
-        warnings.warn(f"compiled products stay on torch.bmm: {why}", stacklevel=2)
+        print(f"warning: compiled products stay on torch.bmm: {why}", file=sys.stderr, flush=True)
         return {}
     return {"post_grad_custom_post_pass": onednn.OneDnnProducts()}
 
@@ -167,6 +175,25 @@ def _argument_guards(guards: Sequence[Any]) -> list[bool]:
     return [not (g.is_global or g.name == "self" or g.name.startswith("self.")) for g in guards]
 
 
+class _Program:
+    """A compiled program that says, at its first call (its compile), what it compiles and then how
+    long that took."""
+
+    def __init__(self, program: Callable[..., Any], what: str, minutes: str) -> None:
+        self.program, self.what, self.minutes, self.compiled = program, what, minutes, False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled:
+            return self.program(*args)
+        print(f"compiling {self.what} (first time on this machine: ~{self.minutes} min; cached afterwards)",
+              file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        out = self.program(*args)
+        self.compiled = True
+        print(f"compiled {self.what} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        return out
+
+
 class Compiled:
     """The compiled backend of an :class:`~sac_spectral.agents.engine.Engine`: its segments as
     programs, and blocks of updates."""
@@ -195,11 +222,12 @@ class Compiled:
     def _regs(self, net: str) -> list[Regularizer]:
         return self.agent.trained[net].regularizers
 
-    def _program(self, key: tuple[Any, ...], fn: Callable[..., Any]) -> Any:
-        """The program of ``key`` (with the traced state of every regularizer), compiled once."""
+    def _program(self, key: tuple[Any, ...], fn: Callable[..., Any], what: str, minutes: str) -> _Program:
+        """The program of ``key`` (with the traced state of every regularizer), compiled once, at its
+        first call, which says so: ``what`` it is, and how many ``minutes`` a first compile takes."""
         key = (*key, tuple(r.traced_state() for t in self.agent.trained.values() for r in t.regularizers))
         if key not in self._programs:
-            self._programs[key] = self._compile(types.MethodType(_own_code(fn), self))
+            self._programs[key] = _Program(self._compile(types.MethodType(_own_code(fn), self)), what, minutes)
         return self._programs[key]
 
     def segments(self, steps: Sequence[NetStep]) -> list[Segment]:
@@ -211,7 +239,8 @@ class Compiled:
             intervened = any(intervenes(r) for r in self._regs(step.net))
             if i == len(steps) - 1 or intervened:
                 key = (i, tuple((s.net, s.after is not None) for s in current), not intervened)
-                out.append(Segment(tuple(current), not intervened, self._program(key, Compiled._run)))
+                program = self._program(key, Compiled._run, "the update", COMPILE_MINUTES)
+                out.append(Segment(tuple(current), not intervened, program))
                 current = []
         return out
 
@@ -260,5 +289,6 @@ class Compiled:
         specialised to the block's length and step lists. Returns each step's latest metrics; the
         engine counts the updates."""
         key = ("block", tuple(tuple((s.net, s.after is not None) for s in steps) for steps in plan))
+        program = self._program(key, Compiled._block, f"a block of {len(plan)} updates", BLOCK_COMPILE_MINUTES)
         with _inductor_workarounds():
-            return self._program(key, Compiled._block)(plan, data, noise, {net: self._args(net) for net in self.nets})
+            return program(plan, data, noise, {net: self._args(net) for net in self.nets})

@@ -56,10 +56,24 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
     return all(x == y for x, y, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
 
 
+def _check_sizes(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
+                 steps: list[Tensor]) -> None:
+    """ValueError unless each list holds one tensor per parameter, of its parameter's shape (a step
+    count: of one element), as the C++ kernel checks (``adam.cpp``)."""
+    for name, tensors in (("gradients", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("steps", steps)):
+        if len(tensors) != len(params):
+            raise ValueError(f"sac_spectral::adam_: {len(tensors)} {name} for {len(params)} parameters")
+    for i, (p, g, m, v, t) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps)):
+        if not p.shape == g.shape == m.shape == v.shape or t.numel() != 1:
+            raise ValueError(f"sac_spectral::adam_: parameter {i} of shape {list(p.shape)} has gradient {list(g.shape)}, "
+                             f"exp_avg {list(m.shape)}, exp_avg_sq {list(v.shape)} and step {list(t.shape)}")
+
+
 def _adam(
     params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], steps: list[Tensor],
     lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, decoupled: bool,
 ) -> None:
+    _check_sizes(params, grads, exp_avgs, exp_avg_sqs, steps)
     # the fused kernel walks each gradient's memory in its parameter's order: match the layout
     grads = [g if _same_layout(p, g) else torch.empty_like(p).copy_(g) for p, g in zip(params, grads)]
     torch._foreach_add_(steps, 1.0)
@@ -72,8 +86,9 @@ _LIBRARY.impl("adam_", _adam, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("sac_spectral::adam_")
-def _adam_shapes(*args: Any) -> None:
-    return None
+def _adam_shapes(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
+                 steps: list[Tensor], *hyper: Any) -> None:
+    _check_sizes(params, grads, exp_avgs, exp_avg_sqs, steps)
 
 
 def adam_step_(
