@@ -211,3 +211,52 @@ def test_help_lists_the_built_in_agents_and_the_installed_plugins(discover):
     discover("myagents", "fixed_sac = my_agents:FixedSAC\nbroken = not_there:Agent\n", {"my_agents": AGENT})
     line = next(line for line in help_text(TrainConfig).splitlines() if line.split()[0] == "agent")
     assert "the agent: sac, crossq, redq, td3 (built in); plug-ins: fixed_sac [str; default: sac]" in line, line
+
+
+#: a user's agent that draws from torch's global generator, as a user's first dropout agent does
+GLOBAL_DRAWS = '''
+import torch
+
+from sac_spectral.agents import SAC, register_agent
+
+
+@register_agent("jitter_sac")
+class JitterSAC(SAC):
+    def train_steps(self, *args, **kw):
+        out = super().train_steps(*args, **kw)
+        with torch.no_grad():
+            for p in self.actor.parameters():
+                p.add_(1e-3 * torch.randn_like(p))
+        return out
+'''
+
+
+def _actor(run_dir):
+    import torch
+
+    from sac_spectral.runs.checkpoint import load_checkpoint
+    from sac_spectral.runs.layout import CHECKPOINT
+
+    modules = load_checkpoint(run_dir / CHECKPOINT)["agent"]["modules"]
+    return {k: v for k, v in modules.items() if k.startswith("actor")}, torch
+
+
+@pytest.mark.slow
+def test_an_agent_drawing_from_the_global_generator_is_reproducible_and_resumable(tmp_path):
+    """The run seeds torch's global generator from its seed and a checkpoint restores it: two
+    identical runs of an agent that draws from it train alike, and a resumed run equals the straight
+    one."""
+    plugins = install(tmp_path / "plugins", "jitter", "[sac_spectral.agents]\njitter_sac = jitter_agents:JitterSAC\n",
+                      {"jitter_agents": GLOBAL_DRAWS})
+    args = ["agent=jitter_sac", *[a for a in SMALL if not a.startswith("total_steps")]]
+    dirs = {name: tmp_path / name for name in ("a", "b", "split")}
+    for name in ("a", "b"):
+        assert run(plugins, tmp_path, "sac_spectral.train", *args, "total_steps=120", f"run_dir={dirs[name]}").returncode == 0
+    split = run(plugins, tmp_path, "sac_spectral.train", *args, "total_steps=90", f"run_dir={dirs['split']}")
+    assert split.returncode == 0, split.stderr
+    resumed = run(plugins, tmp_path, "sac_spectral.train", "--resume", str(dirs["split"]), "total_steps=120")
+    assert resumed.returncode == 0, resumed.stderr
+    (a, torch), (b, _), (c, _) = (_actor(dirs[n]) for n in ("a", "b", "split"))
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+        assert torch.equal(a[key], c[key]), key

@@ -145,6 +145,9 @@ class RLRun:
             self.eval_envs[0].reset(seed=eval_env_seed(self.seeds[0]))
             render(self.eval_envs[0])
         self.streams = SeedStreams(self.seeds, self.device)
+        # torch's global generator, which the package never draws from (its draws are the streams'),
+        # seeded for an agent that does: the same run draws the same, and checkpoints restore it
+        torch.manual_seed(derive_seed(cfg.seed, "torch/global"))
         #: told at the start of training and recorded in the summary
         self.warnings = [w for w in (fall_back_to_eager(cfg, self.device), no_updates(cfg)) if w is not None]
         self.warnings += agent_class(cfg.agent).run_warnings(cfg)
