@@ -124,6 +124,19 @@ def test_a_cleared_buffer_warms_each_stage_up_as_the_run_began(tmp_path):
     assert cfg.total_updates == json.loads((rd / "summary.json").read_text())["updates"] == 36
 
 
+@pytest.mark.parametrize("ratio", [0.3, 1.0, 2.0])
+def test_updates_owed_skip_every_warm_up_after_a_cleared_buffer(ratio):
+    """updates_by against a step-by-step count: each step adds what the replay ratio owes it, except
+    the steps of a later stage's warm-up, over 6 000 stages."""
+    cfg = from_dict(TrainConfig, {"tasks": [{"name": "a"}, {"name": "b"}], "steps_per_task": 7, "cycles": 3000,
+                                  "random_steps": 3, "replay_ratio": ratio, "on_switch": {"buffer": "clear"}})
+    owed = lambda step: int(max(0, step - 3) * ratio + 1e-9)  # noqa: E731
+    count = 0
+    for step in range(1, cfg.total_steps + 1):
+        count += 0 if step > 7 and (step - 1) % 7 < 3 else owed(step) - owed(step - 1)
+        assert cfg.updates_by(step) == count, step
+
+
 def test_a_plain_run_is_one_stage_of_its_env(tmp_path):
     rd = tmp_path / "run"
     assert run(TINY + ["env=dmc:cartpole-balance", "total_steps=10", "eval_every=5", f"run_dir={rd}"]) == 0
@@ -136,9 +149,20 @@ def test_a_sequence_config_names_its_tasks_and_length():
                                   "tasks": [{}, {"env": "dmc:walker-run", "name": "run", "dynamics": {"gravity": 0.5}}]})
     assert cfg.total_steps == 400 and cfg.env == "dmc:walker-walk"
     assert [t["name"] for t in cfg.tasks] == ["0-walker-walk", "run"] and cfg.tasks[0]["env"] == "dmc:walker-walk"
-    stages = cfg.sequence().stages
-    assert [(s.index, s.cycle, s.task) for s in stages] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    seq = cfg.sequence()
+    assert [(s.index, s.cycle, s.task) for s in map(seq.stage, range(len(seq)))] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     assert from_dict(TrainConfig, {k: getattr(cfg, k) for k in ("env", "tasks", "steps_per_task", "cycles")}).tasks == cfg.tasks
+
+
+def test_a_long_sequence_builds_its_stages_when_asked():
+    """A sequence's stages are computed, not listed: a billion cycles cost nothing to look up."""
+    from sac_spectral.envs.tasks import TaskSequence, parse_tasks
+
+    seq = TaskSequence(parse_tasks([{"name": "a"}, {"name": "b"}], "dmc:walker-walk"), 10, cycles=10**9)
+    assert len(seq) == 2 * 10**9 and seq.total_steps == 2 * 10**10
+    last = seq.stage_at(10**11)
+    assert (last.index, last.cycle, last.task) == (2 * 10**9 - 1, 10**9 - 1, 1)
+    assert seq.latest(0, 35).index == 2 and seq.latest(1, 5).index == 1 and seq.latest(1, 10**11).index == 2 * 10**9 - 1
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
@@ -147,6 +171,7 @@ def test_a_sequence_config_names_its_tasks_and_length():
     (["tasks=[{dynamics: {wind: 2}}]", "steps_per_task=5"], "unknown 'wind'; valid: friction, mass, gravity, gear"),
     (["tasks=[{name: a}, {name: a}]", "steps_per_task=5"], "names must be unique"),
     (["tasks=[{}]"], "steps_per_task: must be >= 1"),
+    (["tasks=[{}]", "steps_per_task=5", "cycles=100000000"], "cycles: 1 task(s) x 100000000 cycles = 100000000 stages; at most"),
     (["tasks=[{}]", "steps_per_task=5", "on_switch.reset=last"], "on_switch.reset: 'last' is not one of none, all, last:<k>"),
     (["tasks=[{}]", "steps_per_task=5", "on_switch.buffer=drop"], "on_switch.buffer: 'drop' is not one of keep, clear"),
     (["tasks=[{env: dmc:cartpole-swingup}, {env: dmc:walker-walk}]", "steps_per_task=5"],
@@ -181,7 +206,7 @@ def test_dynamics_and_permutations_act_on_the_simulator_and_the_agent():
     from sac_spectral.envs.tasks import TaskSequence, parse_tasks, stage_env
 
     def env_of(task: dict):
-        return stage_env(TaskSequence(parse_tasks([task], "dmc:cheetah-run"), 10).stages[0], seed=0, env_seed=1)
+        return stage_env(TaskSequence(parse_tasks([task], "dmc:cheetah-run"), 10).stage(0), seed=0, env_seed=1)
 
     heavy = env_of({"dynamics": {"mass": 0.5, "gravity": 2.0, "gear": [0.5, 0.5]}})
     permuted, plain = env_of({"permute_obs": True, "permute_actions": True}), env_of({})
@@ -205,8 +230,8 @@ def test_a_sequence_with_dynamics_on_a_gymnasium_mujoco_env():
     from sac_spectral.envs.tasks import TaskSequence, parse_tasks, stage_env
 
     try:
-        stage = TaskSequence(parse_tasks([{"env": "HalfCheetah-v5", "dynamics": {"friction": 0.25}}], "x"), 5).stages[0]
-        env, plain = stage_env(stage, 0, 1), stage_env(TaskSequence(parse_tasks([{"env": "HalfCheetah-v5"}], "x"), 5).stages[0], 0, 1)
+        stage = TaskSequence(parse_tasks([{"env": "HalfCheetah-v5", "dynamics": {"friction": 0.25}}], "x"), 5).stage(0)
+        env, plain = stage_env(stage, 0, 1), stage_env(TaskSequence(parse_tasks([{"env": "HalfCheetah-v5"}], "x"), 5).stage(0), 0, 1)
     except Exception as err:  # noqa: BLE001 - no mujoco here
         pytest.skip(f"HalfCheetah-v5 cannot be built: {err}")
     np.testing.assert_allclose(mujoco_model(env).geom_friction[:, 0], 0.25 * mujoco_model(plain).geom_friction[:, 0])

@@ -135,7 +135,7 @@ class RLRun:
         self.sequence, self.step = cfg.sequence(), 0
         self._eval_envs: dict[int, tuple[int, list[gym.Env]]] = {}  # task -> (stage, its envs per seed)
         try:
-            self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat, envs=self.stage_envs(self.sequence.stages[0]))
+            self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat, envs=self.stage_envs(self.sequence.stage(0)))
             self._check_shapes()
         except (UnknownEnvError, TaskError) as err:
             raise ConfigError(f"{'tasks' if cfg.tasks else 'env'}: {err}") from None
