@@ -167,7 +167,9 @@ def test_a_long_sequence_builds_its_stages_when_asked():
 
 @pytest.mark.parametrize(("args", "fragment"), [
     (["tasks=[{env: dmc:cartpole-swingup, colour: red}]", "steps_per_task=5"], "tasks[0]: unknown key 'colour'; valid keys: env,"),
-    (["tasks=[{dynamics: {friction: -1}}]", "steps_per_task=5"], "tasks[0].dynamics.friction: expected a factor > 0"),
+    (["tasks=[{dynamics: {friction: -1}}]", "steps_per_task=5"], "tasks[0].dynamics.friction: expected a finite factor > 0"),
+    (["tasks=[{dynamics: {gravity: [1.0, .inf]}}]", "steps_per_task=5"], "tasks[0].dynamics.gravity: expected a finite factor"),
+    (["tasks=[{dynamics: {mass: .nan}}]", "steps_per_task=5"], "tasks[0].dynamics.mass: expected a finite factor"),
     (["tasks=[{dynamics: {wind: 2}}]", "steps_per_task=5"], "unknown 'wind'; valid: friction, mass, gravity, gear"),
     (["tasks=[{name: a}, {name: a}]", "steps_per_task=5"], "names must be unique"),
     (["tasks=[{}]"], "steps_per_task: must be >= 1"),
@@ -184,6 +186,25 @@ def test_a_sequence_that_cannot_run_is_refused_in_one_line_before_anything_is_wr
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1, err
     assert not rd.exists()
+
+
+def test_dynamics_the_simulator_cannot_integrate_end_the_run_in_one_line_after_a_checkpoint(tmp_path, capsys):
+    """Stage 1's gravity × 1e9 blows MuJoCo's state up at its first evaluation (the switch): the run
+    ends with exit 1 and one line naming the stage and its dynamics, its checkpoint holds stage 0's
+    training, and a resume says in one line that it would fail again."""
+    rd = tmp_path / "run"
+    tasks = "tasks=[{env: dmc:cartpole-balance}, {env: dmc:cartpole-balance, dynamics: {gravity: 1.0e9}}]"
+    assert run(TINY + [tasks, "steps_per_task=7", "eval_every=0", f"run_dir={rd}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("error: the simulator failed in stage 1 (task 1-cartpole-balance, dynamics gravity=1e+09): "
+                              "Physics state is invalid"), err[-1]
+    assert err[-1].endswith(f"at step 7; stopping; checkpoint written to {rd / CHECKPOINT}"), err[-1]
+    state = load_checkpoint(rd / CHECKPOINT)
+    assert state["step"] == 7 and state["agent"] and "stage 1" in state["failure"]
+    assert run(["--resume", rd]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ended at step 7 because the simulator failed in stage 1" in err[0], err
 
 
 def test_stage_metrics_follow_their_definitions():

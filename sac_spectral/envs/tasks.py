@@ -58,14 +58,30 @@ class Task:
         return bool(self.dynamics) or self.permute_obs or self.permute_actions
 
 
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
 def _factor(value: Any, where: str) -> float | tuple[float, float]:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
+    if _positive(value):
         return float(value)
-    if (isinstance(value, (list, tuple)) and len(value) == 2
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)
-            and value[0] <= value[1]):
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_positive, value)) and value[0] <= value[1]:
         return (float(value[0]), float(value[1]))
-    raise TaskError(f"{where}: expected a factor > 0 or a range [low, high] with 0 < low <= high, got {value!r}")
+    raise TaskError(f"{where}: expected a finite factor > 0 or a range [low, high] with 0 < low <= high < inf, got {value!r}")
+
+
+def describe_dynamics(dynamics: Mapping[str, float | tuple[float, float]]) -> str:
+    """``gravity=2, friction=[0.5, 2]``, or ``unchanged``."""
+    return ", ".join(f"{k}=[{v[0]:g}, {v[1]:g}]" if isinstance(v, tuple) else f"{k}={v:g}"
+                     for k, v in dynamics.items()) or "unchanged"
+
+
+def physics_errors() -> tuple[type[Exception], ...]:
+    """What a simulator raises when its state blows up (dm_control's ``PhysicsError``; a
+    gymnasium MuJoCo env returns non-finite observations instead)."""
+    from dm_control.rl.control import PhysicsError
+
+    return (PhysicsError,)
 
 
 def parse_tasks(raw: Sequence[Any], default_env: str) -> list[Task]:

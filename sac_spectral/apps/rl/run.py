@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
 from sac_spectral.envs import EnvPool, UnknownEnvError
 from sac_spectral.envs.evaluate import eval_env_seed
-from sac_spectral.envs.tasks import Stage, TaskError, stage_env
-from sac_spectral.core.config import ConfigError
+from sac_spectral.envs.tasks import Stage, TaskError, describe_dynamics, physics_errors, stage_env
+from sac_spectral.core.config import ConfigError, one_line
 from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.core.threads import ThreadWatch
 from sac_spectral.runs.cli import recorded_config, set_torch_threads
@@ -30,7 +31,7 @@ from sac_spectral.runs.layout import SUMMARY
 from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finite
 from sac_spectral.runs.memory import check_fits
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
-from sac_spectral.runs.run import Finished
+from sac_spectral.runs.run import Failed, Finished
 from sac_spectral.runs.video import gl_backend, render, use_offscreen_rendering
 
 #: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming
@@ -162,6 +163,7 @@ class RLRun:
         self.run_dir: Path | None = None
         self.logger: RunLogger | None = None
         self.postfix: dict[str, str] = {}
+        self.failure: str | None = None  # why the run ended failed (its checkpoint cannot be resumed)
 
     # ----------------------------------------------------------------------------- stages
     def stage_envs(self, stage: Stage) -> list[gym.Env]:
@@ -179,6 +181,17 @@ class RLRun:
         if self._eval_envs.get(task, (-1,))[0] != stage.index:
             self._eval_envs[task] = (stage.index, [stage_env(stage, s, eval_env_seed(s), self.cfg.action_repeat) for s in self.seeds])
         return self._eval_envs[task][1]
+
+    @contextmanager
+    def simulating(self, stage: Stage) -> Iterator[None]:
+        """Step envs of ``stage``: a simulator whose state blows up (:func:`physics_errors`) ends the
+        run with :class:`Failed`, naming the stage and its dynamics."""
+        try:
+            yield
+        except physics_errors() as err:
+            self.failure = (f"the simulator failed in stage {stage.index} (task {stage.spec.name}, dynamics "
+                            f"{describe_dynamics(stage.spec.dynamics)}): {one_line(err, 120)}")
+            raise Failed(self.failure) from None
 
     @property
     def eval_envs(self) -> list[gym.Env]:
@@ -234,11 +247,14 @@ class RLRun:
             "agent": self.agent.full_state_dict(), "buffer": self.buffer.state_dict(),
             "streams": self.streams.state_dict(), "pool": self.pool.state_dict(), "torch_rng": torch.get_rng_state(),
             "evals": self.evals, "switches": self.switches, "random_return": self.random_return, "priming_report": self.priming_report,
-            "wall_time": self.wall_time,
+            "wall_time": self.wall_time, "failure": self.failure,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_format(state)
+        if state.get("failure"):
+            raise ConfigError(f"this run ended at step {state['step']} because {state['failure']}; a resume would "
+                              "fail the same way: start a new run with milder dynamics")
         if int(state["step"]) > self.cfg.total_steps:
             raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
                               f"give total_steps >= {int(state['step'])}")

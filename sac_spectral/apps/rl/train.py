@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -170,7 +169,8 @@ class Trainer(RLRun):
         for warning in self.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         if self.random_return is None:
-            self.random_return = self._evaluate(random_policy(self.seeds, self.pool.act_dim), "random_policy").tolist()
+            self.random_return = self._evaluate(random_policy(self.seeds, self.pool.act_dim), "random_policy",
+                                                self.stage().task).tolist()
             self.logger.per_seed("eval/random_policy_return", self.random_return, 0)
         self.rates = {"bar": Rates(self.step, self.agent.num_updates), "log": Rates(self.step, self.agent.num_updates)}
         self.logged_step, self.logged_updates = -1, self.agent.num_updates
@@ -185,7 +185,8 @@ class Trainer(RLRun):
             obs, actions = self.pool.obs, self._act()
             if not np.isfinite(actions).all():
                 raise NonFinite
-            tr = self.pool.step(actions)
+            with self.simulating(self.sequence.stage_at(self.step)):
+                tr = self.pool.step(actions)
             self.buffer.add(obs, actions, tr.reward, tr.next_obs, tr.terminated)
             self.step += 1
             self.logger.episodes(tr.finished, self.step)
@@ -235,9 +236,10 @@ class Trainer(RLRun):
         self.last_reset = self.step
 
     # ----------------------------------------------------------------------------- evaluation
-    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], step: int | str,
-                  envs: Sequence[gym.Env] | None = None) -> np.ndarray:
-        return evaluate(policy, self.eval_envs if envs is None else envs, self.seeds, step, self.cfg.eval_episodes)
+    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], step: int | str, task: int) -> np.ndarray:
+        """Mean return per seed of ``policy`` on task ``task`` (:meth:`eval_envs_of`)."""
+        with self.simulating(self.sequence.latest(task, max(self.step - 1, 0))):
+            return evaluate(policy, self.eval_envs_of(task), self.seeds, step, self.cfg.eval_episodes)
 
     def _policy(self, obs: np.ndarray) -> np.ndarray:
         return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
@@ -247,12 +249,12 @@ class Trainer(RLRun):
         (``eval/<task>/return``); ``eval/return`` is the current task's."""
         stage, seq = self.stage(), self.sequence
         every_task = bool(self.cfg.tasks) and (seq.is_switch(self.step) or self.step == self.cfg.total_steps)
-        rows = []
+        rows, evals = [], []
         for i in range(len(seq.tasks)) if every_task else [stage.task]:
             name = seq.tasks[i].name
-            returns = self._evaluate(self._policy, self.step if i == stage.task else f"{self.step}/{name}", self.eval_envs_of(i))
-            self.evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist(),
-                               "task": name, "stage": stage.index})
+            returns = self._evaluate(self._policy, self.step if i == stage.task else f"{self.step}/{name}", i)
+            evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist(),
+                          "task": name, "stage": stage.index})
             rows += [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
                       "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name, "stage": stage.index}
                      for s, r in zip(self.seeds, returns)]
@@ -261,6 +263,7 @@ class Trainer(RLRun):
             if i == stage.task:
                 self.logger.per_seed("eval/return", returns.tolist(), self.step)
                 self.postfix["eval"] = f"{float(returns.mean()):.1f}"
+        self.evals += evals
         append_rows(self.logger.run_dir / EVALS, KIND.columns, rows)
 
     def _switch(self) -> None:
@@ -279,7 +282,8 @@ class Trainer(RLRun):
         if sw.optimizer == "reset":
             for trained in self.agent.trained.values():
                 forget(trained.optimizer, trained.module.parameters())
-        self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
+        with self.simulating(self.sequence.stage_at(self.step)):
+            self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
         self.logger.scalar("task/stage", self.sequence.stage_at(self.step).index, self.step)
 
     def _video(self) -> None:
