@@ -114,14 +114,24 @@ def test_a_run_killed_right_after_a_switch_resumes_bit_for_bit(tmp_path):
 
 
 def test_a_cleared_buffer_warms_each_stage_up_as_the_run_began(tmp_path):
+    """Each stage's first 4 steps act at random with no update; its evaluations there are marked
+    ``warmup`` (the networks are the stage before's) and count in no stage's best."""
     rd = tmp_path / "run"
     assert run(TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "cycles=3", "steps_per_task=10",
-                       "random_steps=4", "replay_ratio=2", "eval_every=5", "on_switch.buffer=clear",
+                       "random_steps=4", "replay_ratio=2", "eval_every=2", "on_switch.buffer=clear",
                        f"run_dir={rd}"]) == 0
-    updates = {r["step"]: r["updates"] for r in read_evals(rd)}
-    assert [updates[s] for s in (5, 10, 15, 20, 25, 30)] == [2, 12, 14, 24, 26, 36]
+    rows = read_evals(rd)
+    assert [r["updates"] for r in rows] == [0, 0, 4, 8, 12, 12, 12, 16, 20, 24, 24, 24, 28, 32, 36]
+    assert [r["step"] for r in rows if r["warmup"]] == [2, 4, 12, 14, 22, 24]
     cfg = from_dict(TrainConfig, {k: v for k, v in yaml.safe_load((rd / "config.yaml").read_text()).items()})
-    assert cfg.total_updates == json.loads((rd / "summary.json").read_text())["updates"] == 36
+    summary = json.loads((rd / "summary.json").read_text())
+    assert cfg.total_updates == summary["updates"] == 36
+    (task,) = summary["continual"]["tasks"].values()
+    assert task["warmup_steps"] == [2, 4, 12, 14, 22, 24]
+    for stage in (0, 1, 2):
+        trained = [r["return"] for r in rows if r["stage"] == stage and not r["warmup"]]
+        assert task["best_per_stage"][str(stage)] == [max(trained)]
+    assert summary["best_eval_return"] == max(r["return"] for r in rows if not r["warmup"])
 
 
 @pytest.mark.parametrize("ratio", [0.3, 1.0, 2.0])
@@ -220,6 +230,21 @@ def test_stage_metrics_follow_their_definitions():
     assert a["best_per_stage"] == {"0": [400.0], "1": [350.0], "2": [200.0], "3": [200.0]}
     assert a["plasticity"] == {"2": [200.0 / 400.0]} and b["plasticity"] == {"3": [450.0 / 600.0]}
     assert m["final_average"] == [325.0] and m["first_average"] == [500.0] and m["plasticity_by_stage"] == {"2": [0.5], "3": [0.75]}
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["warmup column", "evals.csv before it"])
+def test_an_evaluation_in_a_warm_up_counts_in_no_best_and_no_forgetting(marked):
+    """The issue's case: after a cleared buffer, an evaluation in stage 1's random-action warm-up
+    scores stage 0's networks (311.8, a luckier draw of the episodes than at stage 0's end). It
+    is neither stage 1's best nor the best that forgetting falls from; only the final return may be
+    such an evaluation. Files written before the ``warmup`` column are told by their ``updates``."""
+    evals = [(5, 0, 2, 100.0, 0), (10, 0, 12, 250.0, 0), (15, 1, 12, 311.8, 1), (20, 1, 22, 96.1, 0)]
+    rows = [{"step": s, "seed": 0, "task": "a", "stage": st, "updates": u, "return": r, **({"warmup": w} if marked else {})}
+            for s, st, u, r, w in evals]
+    a = stage_metrics(rows, ["a", "a"], 10, [0])["tasks"]["a"]
+    assert a["best_per_stage"] == {"0": [250.0], "1": [96.1]} and a["warmup_steps"] == [15]
+    assert a["forgetting"] == [pytest.approx(250.0 - 96.1)] and a["final"] == [96.1]
+    assert a["first"] == [250.0] and a["plasticity"] == {"1": [pytest.approx(96.1 / 250.0)]}
 
 
 def test_dynamics_and_permutations_act_on_the_simulator_and_the_agent():

@@ -48,6 +48,17 @@ def test_append_drops_rows_at_or_after_the_new_key_and_a_cut_off_line(tmp_path):
     assert rows[0]["updates"] is None and isinstance(rows[0]["step"], int)
 
 
+def test_an_evals_csv_written_before_a_column_keeps_its_rows_when_appended_to(tmp_path):
+    """A run resumed from a version whose evals.csv lacked ``warmup``: its rows stay, that cell empty."""
+    path = tmp_path / "evals.csv"
+    old = [c for c in RL_COLUMNS if c != "warmup"]
+    path.write_text(",".join(old) + "\n" + "".join(f"{s},0,{s},{s / 10},1,0.5,t,0\n" for s in (10, 20)))
+    append_rows(path, RL_COLUMNS, [{"step": 20, "seed": 0, "updates": 20, "return": 9.0, "task": "t", "stage": 0, "warmup": 0}])
+    assert path.read_text().splitlines()[0] == ",".join(RL_COLUMNS)
+    rows = read_evals(tmp_path)
+    assert [(r["step"], r["return"], r["task"], r["warmup"]) for r in rows] == [(10, 1.0, "t", None), (20, 9.0, "t", 0)]
+
+
 def test_a_resumed_run_rewrites_the_evaluations_after_its_checkpoint_once(tmp_path):
     """Killed after its evaluations at steps 400 and 500 but before the checkpoint at 500: the
     resumed run (from the checkpoint at 300) evaluates 400 and 500 again; the CSV holds each step

@@ -285,10 +285,15 @@ class TrainConfig(SACConfig):
         return done - earlier - owed(min(step, start + window), self.random_steps, self.replay_ratio) + owed(
             start, self.random_steps, self.replay_ratio)
 
+    def updates_after(self, step: int) -> int:
+        """The updates done after ``step`` env steps: :meth:`updates_by`'s and, from
+        ``priming.transitions`` on, priming's."""
+        return self.updates_by(step) + self.priming.updates * (step >= self.priming.transitions)
+
     @property
     def total_updates(self) -> int:
         """Every update of the run: the replay ratio's over ``total_steps`` plus priming's."""
-        return self.updates_by(self.total_steps) + self.priming.updates
+        return self.updates_after(self.total_steps)
 
 
 def seed_label(seeds: Sequence[int]) -> str:

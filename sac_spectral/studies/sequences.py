@@ -96,7 +96,9 @@ def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any])
              "task's first stage (what the method learns of a new task, its cost or gain there); forgetting, the best return "
              "before the end minus the final one, averaged over tasks; plasticity, a later stage's return at its end "
              "divided by the task's first stage's at its end (below 1: the agent learns the task less well than "
-             f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. IQM over seeds with 95 % stratified-bootstrap CIs."
+             f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. An evaluation in a stage's "
+             "warm-up (before the stage's first update: `warmup` in evals.csv) scores the networks the stage before left "
+             "and counts in none of these but the final return. IQM over seeds with 95 % stratified-bootstrap CIs."
              + (" The runs follow different sequences: a stage is each run's own." if seqs.mixed else ""),
              "", "| method | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
     data["continual"] = {}

@@ -175,6 +175,12 @@ class RLRun:
         """The stage the agent trains in: at a switch step, the one that just ended."""
         return self.sequence.stage_at(max(self.step - 1, 0))
 
+    def warming_up(self, step: int) -> bool:
+        """Whether the agent after env step ``step`` has had no update yet in the stage it trains in
+        (that stage's warm-up: random actions, the networks as the stage before left them)."""
+        start = self.sequence.stage_at(max(step - 1, 0)).index * self.sequence.steps_per_task
+        return self.cfg.updates_after(step) == self.cfg.updates_after(start)
+
     def eval_envs_of(self, task: int) -> list[gym.Env]:
         """Evaluation envs of task ``task`` as its latest begun stage drew it (its first before)."""
         stage = self.sequence.latest(task, max(self.step - 1, 0))

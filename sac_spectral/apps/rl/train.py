@@ -109,21 +109,15 @@ def log_diagnostics(logger: RunLogger, agent: Agent, buffer: ReplayBuffer, cfg: 
     return out
 
 
-def _trained(evaluation: dict[str, Any], cfg: TrainConfig) -> bool:
-    """Whether an evaluation scored an agent after its first update (``evals.csv``'s ``updates``
-    column marks the others with 0)."""
-    return evaluation.get("updates", int(evaluation["step"] > cfg.random_steps)) > 0
-
-
 def eval_rows(evals: Sequence[dict[str, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
     """The evaluation history as ``evals.csv``'s rows (one per seed)."""
-    return [{**{k: e.get(k) for k in ("step", "task", "stage")}, "seed": s, "return": r}
+    return [{**{k: e.get(k) for k in ("step", "updates", "task", "stage", "warmup")}, "seed": s, "return": r}
             for e in evals for s, r in zip(seeds, e["returns"])]
 
 
 def summary(t: Trainer) -> dict[str, Any]:
     """``summary.json`` of an RL run: final, best (null where no evaluation followed the first
-    update) and random-policy returns (means and per seed), counts — ``steps`` are the agent's
+    update of its stage) and random-policy returns (means and per seed), counts — ``steps`` are the agent's
     actions, ``simulator_steps`` those times ``action_repeat`` — and rates, the warnings of its
     start, the evaluation history and the priming diagnostics. A task sequence's final return is
     the average over its tasks, its best the current task's, and ``continual`` holds
@@ -135,7 +129,7 @@ def summary(t: Trainer) -> dict[str, Any]:
     if measured is not None:
         continual = {**measured, "switches": t.switches}
         finals = [float("nan") if f is None else f for f in continual["final_average"]]
-    trained = [e["returns"] for e in current if _trained(e, t.cfg)]  # evaluations during warm-up don't count
+    trained = [e["returns"] for e in current if not e.get("warmup", t.warming_up(e["step"]))]  # warm-ups don't count
     best = np.max(trained, axis=0).tolist() if trained else [None] * len(t.seeds)
     randoms = t.random_return or []
     return {
@@ -249,15 +243,15 @@ class Trainer(RLRun):
         (``eval/<task>/return``); ``eval/return`` is the current task's."""
         stage, seq = self.stage(), self.sequence
         every_task = bool(self.cfg.tasks) and (seq.is_switch(self.step) or self.step == self.cfg.total_steps)
-        rows, evals = [], []
+        rows, evals, warmup = [], [], self.warming_up(self.step)
         for i in range(len(seq.tasks)) if every_task else [stage.task]:
             name = seq.tasks[i].name
             returns = self._evaluate(self._policy, self.step if i == stage.task else f"{self.step}/{name}", i)
             evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist(),
-                          "task": name, "stage": stage.index})
+                          "task": name, "stage": stage.index, "warmup": warmup})
             rows += [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
-                      "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name, "stage": stage.index}
-                     for s, r in zip(self.seeds, returns)]
+                      "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name, "stage": stage.index,
+                      "warmup": int(warmup)} for s, r in zip(self.seeds, returns)]
             if self.cfg.tasks:
                 self.logger.per_seed(f"eval/{name}/return", returns.tolist(), self.step)
             if i == stage.task:
