@@ -147,6 +147,35 @@ def test_updates_owed_skip_every_warm_up_after_a_cleared_buffer(ratio):
         assert cfg.updates_by(step) == count, step
 
 
+def test_a_finished_sequence_is_extended_by_its_cycles_as_a_straight_run(tmp_path, capsys):
+    """One cycle, then --resume cycles=2: the switch at the old end happens on resume (cleared
+    buffer, heads re-drawn, optimizer reset), and the run ends as a straight two-cycle run does.
+    The finished run names cycles as the key that extends it; total_steps is refused in one line."""
+    args = TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "steps_per_task=10", "eval_every=5",
+                   "log_every=5", "on_switch.buffer=clear", "on_switch.reset=last:1", "on_switch.optimizer=reset"]
+    straight, extended = tmp_path / "straight", tmp_path / "extended"
+    assert run(args + ["cycles=2", f"run_dir={straight}"]) == 0
+    assert run(args + [f"run_dir={extended}"]) == 0
+    capsys.readouterr()
+    assert run(["--resume", extended]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"To extend it: --resume {extended} cycles=N with N > 1")
+    assert run(["--resume", extended, "total_steps=20"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: total_steps=20 would not take effect") and "cycles" in err[0], err
+    assert run(["--resume", extended, "cycles=2"]) == 0
+    a, b = load_checkpoint(straight / CHECKPOINT), load_checkpoint(extended / CHECKPOINT)
+    assert a["step"] == b["step"] == 20 and [s["step"] for s in b["switches"]] == [10]
+    del a["torch_rng"], b["torch_rng"]  # the process's global generator, which a run does not draw from
+    _assert_same_state(a, b)
+    assert a["evals"] == b["evals"]
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]  # noqa: E731
+    assert drop(read_evals(straight)) == drop(read_evals(extended))
+    capsys.readouterr()
+    assert run(["--resume", extended, "cycles=1"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: cycles=1 ends the run at step 10, before its current step 20; "
+                                               "give cycles >= 2")
+
+
 def test_a_plain_run_is_one_stage_of_its_env(tmp_path):
     rd = tmp_path / "run"
     assert run(TINY + ["env=dmc:cartpole-balance", "total_steps=10", "eval_every=5", f"run_dir={rd}"]) == 0
@@ -184,6 +213,7 @@ def test_a_long_sequence_builds_its_stages_when_asked():
     (["tasks=[{name: a}, {name: a}]", "steps_per_task=5"], "names must be unique"),
     (["tasks=[{}]"], "steps_per_task: must be >= 1"),
     (["tasks=[{}]", "steps_per_task=5", "cycles=100000000"], "cycles: 1 task(s) x 100000000 cycles = 100000000 stages; at most"),
+    (["cycles=2"], "cycles: only a task sequence (tasks) repeats; leave it at 1 (got 2)"),
     (["tasks=[{}]", "steps_per_task=5", "on_switch.reset=last"], "on_switch.reset: 'last' is not one of none, all, last:<k>"),
     (["tasks=[{}]", "steps_per_task=5", "on_switch.buffer=drop"], "on_switch.buffer: 'drop' is not one of keep, clear"),
     (["tasks=[{env: dmc:cartpole-swingup}, {env: dmc:walker-walk}]", "steps_per_task=5"],

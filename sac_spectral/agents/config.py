@@ -189,7 +189,7 @@ class TrainConfig(SACConfig):
     seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
     num_seeds: int = option(1, "independent agents trained together as members of batched networks")
     total_steps: int = option(100_000, "env steps: actions of the agent (each advances the simulator action_repeat times); "
-                                          "with tasks: stages x steps_per_task")
+                                          "with tasks: tasks x cycles x steps_per_task (cycles lengthens a sequence)")
     replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
     batch_size: int = option(256, "transitions per gradient update")
     buffer_size: int = option(1_000_000, "replay capacity per seed")
@@ -209,7 +209,7 @@ class TrainConfig(SACConfig):
                                                  "{env: dmc:walker-run, dynamics: {friction: 0.5}, permute_obs: true}] "
                                                  "(docs/continual_rl.md); [] = one task, env")
     steps_per_task: int = option(0, "with tasks: env steps per stage (total_steps becomes stages x steps_per_task)")
-    cycles: int = option(1, "with tasks: how many times the sequence runs")
+    cycles: int = option(1, "with tasks: how many times the sequence runs (raise it on --resume to extend the run)")
     on_switch: SwitchConfig = section(SwitchConfig, "with tasks: what a task switch does to the buffer, networks and optimizers")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
@@ -246,6 +246,7 @@ class TrainConfig(SACConfig):
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and
         ``total_steps`` the sequence's length."""
         if not self.tasks:
+            check(self.cycles == 1, "cycles", f"only a task sequence (tasks) repeats; leave it at 1 (got {self.cycles})")
             return
         at_least(self, 1, "steps_per_task", "cycles")
         stages = len(self.tasks) * self.cycles

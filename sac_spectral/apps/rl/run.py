@@ -104,19 +104,21 @@ def no_updates(cfg: TrainConfig) -> str | None:
     return f"{why}: this run does 0 updates (only random warm-up); lower random_steps to train"
 
 
-def finished_message(path: Path, step: int, total_steps: int) -> str | None:
-    """The line that says the run in ``path`` is done — its checkpoint at ``total_steps`` and its
-    ``summary.json`` of that step — or None."""
+def finished_message(path: Path, step: int, cfg: TrainConfig) -> str | None:
+    """The line that says the run of ``cfg`` in ``path`` is done — its checkpoint at ``total_steps``
+    and its ``summary.json`` of that step — or None; it names the key that extends the run (a task
+    sequence's ``cycles``, else ``total_steps``)."""
     try:
         summary = json.loads((path / SUMMARY).read_text())
     except (OSError, ValueError):
         return None
-    if step != total_steps or not isinstance(summary, dict) or summary.get("steps") != step:
+    if step != cfg.total_steps or not isinstance(summary, dict) or summary.get("steps") != step:
         return None
     final = summary.get("final_eval_return")
     result = f" (final eval return {final:.1f})" if isinstance(final, (int, float)) else ""
-    return (f"{path} is finished at step {step} of {total_steps}{result}; nothing changed. "
-            f"To extend it: --resume {path} total_steps=N with N > {step}")
+    key, value = ("cycles", cfg.cycles) if cfg.tasks else ("total_steps", cfg.total_steps)
+    return (f"{path} is finished at step {step} of {cfg.total_steps}{result}; nothing changed. "
+            f"To extend it: --resume {path} {key}=N with N > {value}")
 
 
 class RLRun:
@@ -227,7 +229,7 @@ class RLRun:
         anything is written."""
         self.load_state_dict(reopen_run_dir(self.cfg, path))
         self.run_dir = path
-        done = finished_message(path, self.step, self.cfg.total_steps)
+        done = finished_message(path, self.step, self.cfg)
         if done is not None:
             raise Finished(done)
         self.logger = RunLogger(path, self.cfg.num_seeds, purge_step=self.step + 1)
@@ -261,9 +263,12 @@ class RLRun:
         if state.get("failure"):
             raise ConfigError(f"this run ended at step {state['step']} because {state['failure']}; a resume would "
                               "fail the same way: start a new run with milder dynamics")
-        if int(state["step"]) > self.cfg.total_steps:
-            raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
-                              f"give total_steps >= {int(state['step'])}")
+        step, cfg = int(state["step"]), self.cfg
+        if step > cfg.total_steps and cfg.tasks:
+            raise ConfigError(f"cycles={cfg.cycles} ends the run at step {cfg.total_steps}, before its current step {step}; "
+                              f"give cycles >= {-(-step // (len(cfg.tasks) * cfg.steps_per_task))}")
+        if step > cfg.total_steps:
+            raise ConfigError(f"total_steps={cfg.total_steps} is below the run's current step {step}; give total_steps >= {step}")
         for key in self._COUNTERS:
             setattr(self, key, int(state[key]))
         if self.sequence.stage_at(self.step).index > 0:

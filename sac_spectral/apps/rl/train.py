@@ -37,9 +37,9 @@ from sac_spectral.runs.video import frame_schedule, record_episode, video_suffix
 __all__ = ["CHECKPOINT_FORMAT", "RESUMABLE_KEYS", "TrainConfig", "Trainer", "check_format", "main"]
 
 #: keys that may change on --resume; ``compile``: the compiled and the eager update share the
-#: agent's parameters and Adam state
+#: agent's parameters and Adam state; a task sequence is extended by ``cycles`` (its ``total_steps`` follows)
 RESUMABLE_KEYS = (
-    "total_steps", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress", "threads",
+    "total_steps", "cycles", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress", "threads",
     "compile", *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
 )
 #: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
@@ -172,6 +172,8 @@ class Trainer(RLRun):
         self.postfix = {"eval": f"{float(np.mean(self.evals[-1]['returns'])):.1f}"} if self.evals else {}
         if self._reset_due():  # a run that ended at a reset step and is now extended
             self._reset()
+        if self.sequence.is_switch(self.step) and all(s["step"] != self.step for s in self.switches):
+            self._switch()  # a sequence that ended there and now runs more cycles
         if self._priming_due():  # resumed in the middle of priming: finish it and this step's periodic work
             self.learn(run)
             run.after(self.step)
