@@ -1238,6 +1238,51 @@ def run_that_does_no_update_says_so(ctx: Ctx) -> list[str]:
     return problems
 
 
+# ----- task sequences
+#: a one-task sequence of 100 steps on RL's cartpole-balance
+SEQ = ["tasks=[{env: dmc:cartpole-balance}]", "steps_per_task=100"]
+
+
+@attack()
+def dynamics_that_blow_the_simulator_up_end_in_one_line_after_a_checkpoint(ctx: Ctx) -> list[str]:
+    rd = ctx.path("gravity_1e9")
+    p = ctx.T(*RL, "tasks=[{dynamics: {gravity: 1.0e9}}]", "steps_per_task=100", f"run_dir={rd}")
+    problems = expect_error(p, 1, "the simulator failed in stage 0", "gravity=1e+09", "checkpoint written")
+    if not (rd / CKPT).is_file():
+        return problems + ["no checkpoint was written"]
+    return problems + expect_error(ctx.T("--resume", rd), 2, "would fail the same way")
+
+
+@attack()
+def dynamics_of_an_infinite_range_are_refused(ctx: Ctx) -> list[str]:
+    rd = ctx.path("gravity_inf")
+    problems = expect_error(ctx.T(*RL, "tasks=[{dynamics: {gravity: [1.0, .inf]}}]", "steps_per_task=100", f"run_dir={rd}"),
+                            2, "tasks[0].dynamics.gravity", "finite")
+    return problems + (["the run directory was created"] if rd.exists() else [])
+
+
+@attack()
+def a_hundred_million_cycles_are_refused_at_once(ctx: Ctx) -> list[str]:
+    p = ctx.T(*RL, *SEQ, "cycles=100000000", f"run_dir={ctx.path('cycles_1e8')}", timeout=120)
+    return expect_error(p, 2, "100000000 stages", "at most 10000")
+
+
+@attack()
+def a_finished_sequence_is_extended_by_cycles_not_total_steps(ctx: Ctx) -> list[str]:
+    rd = ctx.path("sequence_extended")
+    problems = expect_ok(ctx.T(*RL, *SEQ, f"run_dir={rd}"))
+    before = snapshot(rd)
+    p = ctx.T("--resume", rd)
+    if not p.out.strip().endswith(f"To extend it: --resume {rd} cycles=N with N > 1"):
+        problems.append(f"the finished message does not name cycles: {p.out.strip()[-200:]}")
+    problems += expect_error(ctx.T("--resume", rd, "total_steps=400"), 2, "total_steps=400 would not take effect", "cycles")
+    problems += unchanged(before, rd)
+    problems += expect_ok(ctx.T("--resume", rd, "cycles=2"))
+    if _eval_steps(rd)[-1:] != [200]:
+        problems.append(f"the extended run's evaluations end at {_eval_steps(rd)[-1:]}, expected step 200")
+    return problems
+
+
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
     return Ctx(tmp_path_factory.mktemp("attacks"))

@@ -114,14 +114,66 @@ def test_a_run_killed_right_after_a_switch_resumes_bit_for_bit(tmp_path):
 
 
 def test_a_cleared_buffer_warms_each_stage_up_as_the_run_began(tmp_path):
+    """Each stage's first 4 steps act at random with no update; its evaluations there are marked
+    ``warmup`` (the networks are the stage before's) and count in no stage's best."""
     rd = tmp_path / "run"
     assert run(TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "cycles=3", "steps_per_task=10",
-                       "random_steps=4", "replay_ratio=2", "eval_every=5", "on_switch.buffer=clear",
+                       "random_steps=4", "replay_ratio=2", "eval_every=2", "on_switch.buffer=clear",
                        f"run_dir={rd}"]) == 0
-    updates = {r["step"]: r["updates"] for r in read_evals(rd)}
-    assert [updates[s] for s in (5, 10, 15, 20, 25, 30)] == [2, 12, 14, 24, 26, 36]
+    rows = read_evals(rd)
+    assert [r["updates"] for r in rows] == [0, 0, 4, 8, 12, 12, 12, 16, 20, 24, 24, 24, 28, 32, 36]
+    assert [r["step"] for r in rows if r["warmup"]] == [2, 4, 12, 14, 22, 24]
     cfg = from_dict(TrainConfig, {k: v for k, v in yaml.safe_load((rd / "config.yaml").read_text()).items()})
-    assert cfg.total_updates == json.loads((rd / "summary.json").read_text())["updates"] == 36
+    summary = json.loads((rd / "summary.json").read_text())
+    assert cfg.total_updates == summary["updates"] == 36
+    (task,) = summary["continual"]["tasks"].values()
+    assert task["warmup_steps"] == [2, 4, 12, 14, 22, 24]
+    for stage in (0, 1, 2):
+        trained = [r["return"] for r in rows if r["stage"] == stage and not r["warmup"]]
+        assert task["best_per_stage"][str(stage)] == [max(trained)]
+    assert summary["best_eval_return"] == max(r["return"] for r in rows if not r["warmup"])
+
+
+@pytest.mark.parametrize("ratio", [0.3, 1.0, 2.0])
+def test_updates_owed_skip_every_warm_up_after_a_cleared_buffer(ratio):
+    """updates_by against a step-by-step count: each step adds what the replay ratio owes it, except
+    the steps of a later stage's warm-up, over 6 000 stages."""
+    cfg = from_dict(TrainConfig, {"tasks": [{"name": "a"}, {"name": "b"}], "steps_per_task": 7, "cycles": 3000,
+                                  "random_steps": 3, "replay_ratio": ratio, "on_switch": {"buffer": "clear"}})
+    owed = lambda step: int(max(0, step - 3) * ratio + 1e-9)  # noqa: E731
+    count = 0
+    for step in range(1, cfg.total_steps + 1):
+        count += 0 if step > 7 and (step - 1) % 7 < 3 else owed(step) - owed(step - 1)
+        assert cfg.updates_by(step) == count, step
+
+
+def test_a_finished_sequence_is_extended_by_its_cycles_as_a_straight_run(tmp_path, capsys):
+    """One cycle, then --resume cycles=2: the switch at the old end happens on resume (cleared
+    buffer, heads re-drawn, optimizer reset), and the run ends as a straight two-cycle run does.
+    The finished run names cycles as the key that extends it; total_steps is refused in one line."""
+    args = TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "steps_per_task=10", "eval_every=5",
+                   "log_every=5", "on_switch.buffer=clear", "on_switch.reset=last:1", "on_switch.optimizer=reset"]
+    straight, extended = tmp_path / "straight", tmp_path / "extended"
+    assert run(args + ["cycles=2", f"run_dir={straight}"]) == 0
+    assert run(args + [f"run_dir={extended}"]) == 0
+    capsys.readouterr()
+    assert run(["--resume", extended]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"To extend it: --resume {extended} cycles=N with N > 1")
+    assert run(["--resume", extended, "total_steps=20"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: total_steps=20 would not take effect") and "cycles" in err[0], err
+    assert run(["--resume", extended, "cycles=2"]) == 0
+    a, b = load_checkpoint(straight / CHECKPOINT), load_checkpoint(extended / CHECKPOINT)
+    assert a["step"] == b["step"] == 20 and [s["step"] for s in b["switches"]] == [10]
+    del a["torch_rng"], b["torch_rng"]  # the process's global generator, which a run does not draw from
+    _assert_same_state(a, b)
+    assert a["evals"] == b["evals"]
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]  # noqa: E731
+    assert drop(read_evals(straight)) == drop(read_evals(extended))
+    capsys.readouterr()
+    assert run(["--resume", extended, "cycles=1"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: cycles=1 ends the run at step 10, before its current step 20; "
+                                               "give cycles >= 2")
 
 
 def test_a_plain_run_is_one_stage_of_its_env(tmp_path):
@@ -136,17 +188,32 @@ def test_a_sequence_config_names_its_tasks_and_length():
                                   "tasks": [{}, {"env": "dmc:walker-run", "name": "run", "dynamics": {"gravity": 0.5}}]})
     assert cfg.total_steps == 400 and cfg.env == "dmc:walker-walk"
     assert [t["name"] for t in cfg.tasks] == ["0-walker-walk", "run"] and cfg.tasks[0]["env"] == "dmc:walker-walk"
-    stages = cfg.sequence().stages
-    assert [(s.index, s.cycle, s.task) for s in stages] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    seq = cfg.sequence()
+    assert [(s.index, s.cycle, s.task) for s in map(seq.stage, range(len(seq)))] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     assert from_dict(TrainConfig, {k: getattr(cfg, k) for k in ("env", "tasks", "steps_per_task", "cycles")}).tasks == cfg.tasks
+
+
+def test_a_long_sequence_builds_its_stages_when_asked():
+    """A sequence's stages are computed, not listed: a billion cycles cost nothing to look up."""
+    from sac_spectral.envs.tasks import TaskSequence, parse_tasks
+
+    seq = TaskSequence(parse_tasks([{"name": "a"}, {"name": "b"}], "dmc:walker-walk"), 10, cycles=10**9)
+    assert len(seq) == 2 * 10**9 and seq.total_steps == 2 * 10**10
+    last = seq.stage_at(10**11)
+    assert (last.index, last.cycle, last.task) == (2 * 10**9 - 1, 10**9 - 1, 1)
+    assert seq.latest(0, 35).index == 2 and seq.latest(1, 5).index == 1 and seq.latest(1, 10**11).index == 2 * 10**9 - 1
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
     (["tasks=[{env: dmc:cartpole-swingup, colour: red}]", "steps_per_task=5"], "tasks[0]: unknown key 'colour'; valid keys: env,"),
-    (["tasks=[{dynamics: {friction: -1}}]", "steps_per_task=5"], "tasks[0].dynamics.friction: expected a factor > 0"),
+    (["tasks=[{dynamics: {friction: -1}}]", "steps_per_task=5"], "tasks[0].dynamics.friction: expected a finite factor > 0"),
+    (["tasks=[{dynamics: {gravity: [1.0, .inf]}}]", "steps_per_task=5"], "tasks[0].dynamics.gravity: expected a finite factor"),
+    (["tasks=[{dynamics: {mass: .nan}}]", "steps_per_task=5"], "tasks[0].dynamics.mass: expected a finite factor"),
     (["tasks=[{dynamics: {wind: 2}}]", "steps_per_task=5"], "unknown 'wind'; valid: friction, mass, gravity, gear"),
     (["tasks=[{name: a}, {name: a}]", "steps_per_task=5"], "names must be unique"),
     (["tasks=[{}]"], "steps_per_task: must be >= 1"),
+    (["tasks=[{}]", "steps_per_task=5", "cycles=100000000"], "cycles: 1 task(s) x 100000000 cycles = 100000000 stages; at most"),
+    (["cycles=2"], "cycles: only a task sequence (tasks) repeats; leave it at 1 (got 2)"),
     (["tasks=[{}]", "steps_per_task=5", "on_switch.reset=last"], "on_switch.reset: 'last' is not one of none, all, last:<k>"),
     (["tasks=[{}]", "steps_per_task=5", "on_switch.buffer=drop"], "on_switch.buffer: 'drop' is not one of keep, clear"),
     (["tasks=[{env: dmc:cartpole-swingup}, {env: dmc:walker-walk}]", "steps_per_task=5"],
@@ -159,6 +226,25 @@ def test_a_sequence_that_cannot_run_is_refused_in_one_line_before_anything_is_wr
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1, err
     assert not rd.exists()
+
+
+def test_dynamics_the_simulator_cannot_integrate_end_the_run_in_one_line_after_a_checkpoint(tmp_path, capsys):
+    """Stage 1's gravity × 1e9 blows MuJoCo's state up at its first evaluation (the switch): the run
+    ends with exit 1 and one line naming the stage and its dynamics, its checkpoint holds stage 0's
+    training, and a resume says in one line that it would fail again."""
+    rd = tmp_path / "run"
+    tasks = "tasks=[{env: dmc:cartpole-balance}, {env: dmc:cartpole-balance, dynamics: {gravity: 1.0e9}}]"
+    assert run(TINY + [tasks, "steps_per_task=7", "eval_every=0", f"run_dir={rd}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("error: the simulator failed in stage 1 (task 1-cartpole-balance, dynamics gravity=1e+09): "
+                              "Physics state is invalid"), err[-1]
+    assert err[-1].endswith(f"at step 7; stopping; checkpoint written to {rd / CHECKPOINT}"), err[-1]
+    state = load_checkpoint(rd / CHECKPOINT)
+    assert state["step"] == 7 and state["agent"] and "stage 1" in state["failure"]
+    assert run(["--resume", rd]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ended at step 7 because the simulator failed in stage 1" in err[0], err
 
 
 def test_stage_metrics_follow_their_definitions():
@@ -176,12 +262,27 @@ def test_stage_metrics_follow_their_definitions():
     assert m["final_average"] == [325.0] and m["first_average"] == [500.0] and m["plasticity_by_stage"] == {"2": [0.5], "3": [0.75]}
 
 
+@pytest.mark.parametrize("marked", [True, False], ids=["warmup column", "evals.csv before it"])
+def test_an_evaluation_in_a_warm_up_counts_in_no_best_and_no_forgetting(marked):
+    """The issue's case: after a cleared buffer, an evaluation in stage 1's random-action warm-up
+    scores stage 0's networks (311.8, a luckier draw of the episodes than at stage 0's end). It
+    is neither stage 1's best nor the best that forgetting falls from; only the final return may be
+    such an evaluation. Files written before the ``warmup`` column are told by their ``updates``."""
+    evals = [(5, 0, 2, 100.0, 0), (10, 0, 12, 250.0, 0), (15, 1, 12, 311.8, 1), (20, 1, 22, 96.1, 0)]
+    rows = [{"step": s, "seed": 0, "task": "a", "stage": st, "updates": u, "return": r, **({"warmup": w} if marked else {})}
+            for s, st, u, r, w in evals]
+    a = stage_metrics(rows, ["a", "a"], 10, [0])["tasks"]["a"]
+    assert a["best_per_stage"] == {"0": [250.0], "1": [96.1]} and a["warmup_steps"] == [15]
+    assert a["forgetting"] == [pytest.approx(250.0 - 96.1)] and a["final"] == [96.1]
+    assert a["first"] == [250.0] and a["plasticity"] == {"1": [pytest.approx(96.1 / 250.0)]}
+
+
 def test_dynamics_and_permutations_act_on_the_simulator_and_the_agent():
     """An env's stage draw scales its MuJoCo model and permutes what the agent sees and does."""
     from sac_spectral.envs.tasks import TaskSequence, parse_tasks, stage_env
 
     def env_of(task: dict):
-        return stage_env(TaskSequence(parse_tasks([task], "dmc:cheetah-run"), 10).stages[0], seed=0, env_seed=1)
+        return stage_env(TaskSequence(parse_tasks([task], "dmc:cheetah-run"), 10).stage(0), seed=0, env_seed=1)
 
     heavy = env_of({"dynamics": {"mass": 0.5, "gravity": 2.0, "gear": [0.5, 0.5]}})
     permuted, plain = env_of({"permute_obs": True, "permute_actions": True}), env_of({})
@@ -205,8 +306,8 @@ def test_a_sequence_with_dynamics_on_a_gymnasium_mujoco_env():
     from sac_spectral.envs.tasks import TaskSequence, parse_tasks, stage_env
 
     try:
-        stage = TaskSequence(parse_tasks([{"env": "HalfCheetah-v5", "dynamics": {"friction": 0.25}}], "x"), 5).stages[0]
-        env, plain = stage_env(stage, 0, 1), stage_env(TaskSequence(parse_tasks([{"env": "HalfCheetah-v5"}], "x"), 5).stages[0], 0, 1)
+        stage = TaskSequence(parse_tasks([{"env": "HalfCheetah-v5", "dynamics": {"friction": 0.25}}], "x"), 5).stage(0)
+        env, plain = stage_env(stage, 0, 1), stage_env(TaskSequence(parse_tasks([{"env": "HalfCheetah-v5"}], "x"), 5).stage(0), 0, 1)
     except Exception as err:  # noqa: BLE001 - no mujoco here
         pytest.skip(f"HalfCheetah-v5 cannot be built: {err}")
     np.testing.assert_allclose(mujoco_model(env).geom_friction[:, 0], 0.25 * mujoco_model(plain).geom_friction[:, 0])

@@ -48,6 +48,17 @@ def test_append_drops_rows_at_or_after_the_new_key_and_a_cut_off_line(tmp_path):
     assert rows[0]["updates"] is None and isinstance(rows[0]["step"], int)
 
 
+def test_an_evals_csv_written_before_a_column_keeps_its_rows_when_appended_to(tmp_path):
+    """A run resumed from a version whose evals.csv lacked ``warmup``: its rows stay, that cell empty."""
+    path = tmp_path / "evals.csv"
+    old = [c for c in RL_COLUMNS if c != "warmup"]
+    path.write_text(",".join(old) + "\n" + "".join(f"{s},0,{s},{s / 10},1,0.5,t,0\n" for s in (10, 20)))
+    append_rows(path, RL_COLUMNS, [{"step": 20, "seed": 0, "updates": 20, "return": 9.0, "task": "t", "stage": 0, "warmup": 0}])
+    assert path.read_text().splitlines()[0] == ",".join(RL_COLUMNS)
+    rows = read_evals(tmp_path)
+    assert [(r["step"], r["return"], r["task"], r["warmup"]) for r in rows] == [(10, 1.0, "t", None), (20, 9.0, "t", 0)]
+
+
 def test_a_resumed_run_rewrites_the_evaluations_after_its_checkpoint_once(tmp_path):
     """Killed after its evaluations at steps 400 and 500 but before the checkpoint at 500: the
     resumed run (from the checkpoint at 300) evaluates 400 and 500 again; the CSV holds each step
@@ -184,6 +195,57 @@ def test_many_methods_get_distinct_colours_and_a_legend_beside_the_curves(tmp_pa
         assert legend.x0 >= data.x1, name  # beside the axes, not over the curves
 
 
+def _study_sequence(path: Path) -> None:
+    """A run of the CPU study's sequence (one permuted task, 4 stages of 3000 steps, each warming up
+    for 1000 steps after a cleared buffer), 2 seeds, evaluated every 500 steps."""
+    path.mkdir(parents=True)
+    config = {"env": "dmc:cartpole-swingup", "seed": 0, "num_seeds": 2, "random_steps": 1000, "steps_per_task": 3000,
+              "cycles": 4, "on_switch": {"buffer": "clear"},
+              "tasks": [{"env": "dmc:cartpole-swingup", "name": "swingup-permuted", "permute_obs": True}]}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = []
+    for step in range(500, 12001, 500):
+        stage = (step - 1) // 3000
+        warmup = step - 3000 * stage <= 1000
+        rows += [{"step": step, "seed": seed, "updates": step, "return": 100.0 * stage + step % 3000 / 10 + seed,
+                  "task": "swingup-permuted", "stage": stage, "warmup": int(warmup)} for seed in (0, 1)]
+    append_rows(path / "evals.csv", RL_COLUMNS, rows)
+
+
+def test_the_study_sequence_figures_label_stages_and_mark_warm_ups_and_switches(tmp_path):
+    """A one-task sequence is not shaded all over; each stage is labelled with its index and task,
+    warm-up evaluations are hollow, the y label says what the score is, the legend names the run (not
+    "runs") and the switches are dashed on iqm_curves.png as on continual_tasks.png."""
+    from matplotlib.collections import PathCollection
+
+    from sac_spectral.studies import figures
+    from sac_spectral.studies.sequences import read_sequences, task_curves
+
+    _study_sequence(tmp_path / "cartpole-permuted")
+    study = results.load([str(tmp_path / "cartpole-permuted")])
+    seqs = read_sequences(study)
+    fig = task_curves(seqs, figures.method_colors(["cartpole-permuted"]), "return / 1000 (DMC)")
+    (ax,) = fig.axes
+    assert not ax.patches  # no shading: every stage is the one task's
+    assert [t.get_text() for t in ax.texts] == [f"stage {s}\nswingup-permuted" for s in range(4)]
+    assert [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == "--"] == [3000, 6000, 9000]
+    (hollow,) = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert hollow.get_offsets()[:, 0].tolist() == [500, 1000, 3500, 4000, 6500, 7000, 9500, 10000]
+    assert ax.get_ylabel() == "return / 1000 (DMC),\nmean over seeds"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[0] == "cartpole-permuted (2 seeds; band ± 1.96 SE)" and "evaluation in a warm-up" in legend[1]
+    assert legend[2].startswith("task switch") and len(legend) == 3
+    al = results.align(study)
+    st = report.compute_statistics(al, study.kind, al.methods[0], 20, SEED)
+    iqm = figures.build_figures(al, st, study.kind, normalized=True, stages=seqs.marks)["iqm_curves.png"].axes[0]
+    assert [line.get_xdata()[0] for line in iqm.lines if line.get_linestyle() == "--"] == [3000, 6000, 9000]
+    assert [t.get_text() for t in iqm.texts] == [f"stage {s}\nswingup-permuted" for s in range(4)]
+    out = tmp_path / "out"
+    assert run_cli(report.main, [str(tmp_path / "cartpole-permuted"), "--out", str(out), "--reps", "20"]) == 0
+    assert {"iqm_curves.png", "continual_tasks.png"} <= {p.name for p in out.glob("*.png")}
+    assert "warm-up (before the stage's first update" in (out / "report.md").read_text()
+
+
 def test_one_seed_has_no_confidence_interval(tmp_path):
     arr = {"a": np.array([[[0.2, 0.4], [0.5, 0.7]]]), "b": np.array([[[0.1, 0.3], [0.6, 0.9]]])}
     make_sweep(tmp_path / "one", arr, TASKS, [1000, 2000])
@@ -274,7 +336,7 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     assert run_cli(report.main, [str(tmp_path)]) == 2
     assert "mix continual and train runs" in capsys.readouterr().err
     assert run_cli(report.main, [str(tmp_path / "rl"), "--baseline", "nope"]) == 2
-    assert "--baseline 'nope' is not one of the methods: runs" in capsys.readouterr().err
+    assert "--baseline 'nope' is not one of the methods: rl" in capsys.readouterr().err
 
 
 def test_merged_sweeps_name_a_baseline_by_its_method(tmp_path, capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from sac_spectral.agents.base import AGENTS, agent_choices, agent_class, agent_sections
@@ -17,7 +18,7 @@ from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS
 from sac_spectral.core.precision import BF16_FLAGS, PRECISIONS, cpu_bf16
 from sac_spectral.core.residual import ARCHS
-from sac_spectral.envs.tasks import Task, TaskError, TaskSequence, parse_tasks
+from sac_spectral.envs.tasks import MAX_STAGES, Task, TaskError, TaskSequence, parse_tasks
 from sac_spectral.regularizers import validate_specs
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
@@ -29,6 +30,22 @@ COMPILE_PRODUCTS = ("onednn", "aten")
 
 
 MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
+
+
+def owed(step: int, random_steps: int, replay_ratio: float) -> int:
+    """Updates the replay ratio owes after ``step`` env steps, ``random_steps`` of them warm-up."""
+    return math.floor(max(0, step - random_steps) * replay_ratio + 1e-9)
+
+
+@lru_cache(maxsize=8)
+def rewarm_totals(random_steps: int, replay_ratio: float, steps_per_task: int, stages: int) -> tuple[int, ...]:
+    """``totals[k]``: the updates :func:`owed` counts in the warm-ups of stages 1 … k of a sequence
+    whose switches clear the buffer (which those stages do not run)."""
+    window, totals = min(random_steps, steps_per_task), [0]
+    for k in range(1, stages):
+        start = k * steps_per_task
+        totals.append(totals[-1] + owed(start + window, random_steps, replay_ratio) - owed(start, random_steps, replay_ratio))
+    return tuple(totals)
 
 
 @dataclass
@@ -172,7 +189,7 @@ class TrainConfig(SACConfig):
     seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
     num_seeds: int = option(1, "independent agents trained together as members of batched networks")
     total_steps: int = option(100_000, "env steps: actions of the agent (each advances the simulator action_repeat times); "
-                                          "with tasks: stages x steps_per_task")
+                                          "with tasks: tasks x cycles x steps_per_task (cycles lengthens a sequence)")
     replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
     batch_size: int = option(256, "transitions per gradient update")
     buffer_size: int = option(1_000_000, "replay capacity per seed")
@@ -192,7 +209,7 @@ class TrainConfig(SACConfig):
                                                  "{env: dmc:walker-run, dynamics: {friction: 0.5}, permute_obs: true}] "
                                                  "(docs/continual_rl.md); [] = one task, env")
     steps_per_task: int = option(0, "with tasks: env steps per stage (total_steps becomes stages x steps_per_task)")
-    cycles: int = option(1, "with tasks: how many times the sequence runs")
+    cycles: int = option(1, "with tasks: how many times the sequence runs (raise it on --resume to extend the run)")
     on_switch: SwitchConfig = section(SwitchConfig, "with tasks: what a task switch does to the buffer, networks and optimizers")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
@@ -244,8 +261,12 @@ class TrainConfig(SACConfig):
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and
         ``total_steps`` the sequence's length."""
         if not self.tasks:
+            check(self.cycles == 1, "cycles", f"only a task sequence (tasks) repeats; leave it at 1 (got {self.cycles})")
             return
         at_least(self, 1, "steps_per_task", "cycles")
+        stages = len(self.tasks) * self.cycles
+        check(stages <= MAX_STAGES, "cycles", f"{len(self.tasks)} task(s) x {self.cycles} cycles = {stages} stages; "
+              f"at most {MAX_STAGES} (each switch evaluates every task): lengthen steps_per_task instead")
         try:
             tasks = parse_tasks(self.tasks, self.env)
         except TaskError as err:
@@ -259,9 +280,6 @@ class TrainConfig(SACConfig):
             return TaskSequence([Task(self.env, self.env)], self.total_steps)
         return TaskSequence(parse_tasks(self.tasks, self.env), self.steps_per_task, self.cycles)
 
-    def _owed(self, step: int) -> int:
-        return math.floor(max(0, step - self.random_steps) * self.replay_ratio + 1e-9)
-
     def _rewarms(self) -> bool:
         """Whether a sequence's later stages warm up again (a switch clears the buffer)."""
         return bool(self.tasks) and self.on_switch.buffer == "clear"
@@ -274,18 +292,24 @@ class TrainConfig(SACConfig):
     def updates_by(self, step: int) -> int:
         """Updates the replay ratio owes after ``step`` env steps (priming updates are extra), less
         those of the warm-ups of a sequence's stages after a cleared buffer."""
-        owed = self._owed(step)
-        if self._rewarms():
-            for stage in range(1, len(self.tasks) * self.cycles):
-                start = stage * self.steps_per_task
-                if step > start:
-                    owed -= self._owed(min(step, start + min(self.random_steps, self.steps_per_task))) - self._owed(start)
-        return owed
+        done = owed(step, self.random_steps, self.replay_ratio)
+        if not self._rewarms() or step <= self.steps_per_task:
+            return done
+        stage = min((step - 1) // self.steps_per_task, len(self.tasks) * self.cycles - 1)  # the stage step acts in
+        start, window = stage * self.steps_per_task, min(self.random_steps, self.steps_per_task)
+        earlier = rewarm_totals(self.random_steps, self.replay_ratio, self.steps_per_task, len(self.tasks) * self.cycles)[stage - 1]
+        return done - earlier - owed(min(step, start + window), self.random_steps, self.replay_ratio) + owed(
+            start, self.random_steps, self.replay_ratio)
+
+    def updates_after(self, step: int) -> int:
+        """The updates done after ``step`` env steps: :meth:`updates_by`'s and, from
+        ``priming.transitions`` on, priming's."""
+        return self.updates_by(step) + self.priming.updates * (step >= self.priming.transitions)
 
     @property
     def total_updates(self) -> int:
         """Every update of the run: the replay ratio's over ``total_steps`` plus priming's."""
-        return self.updates_by(self.total_steps) + self.priming.updates
+        return self.updates_after(self.total_steps)
 
 
 def seed_label(seeds: Sequence[int]) -> str:

@@ -34,6 +34,8 @@ from sac_spectral.envs.make import DMC_PREFIX, make_env
 #: what ``dynamics`` may scale
 DYNAMICS = ("friction", "mass", "gravity", "gear")
 TASK_KEYS = ("env", "name", "dynamics", "permute_obs", "permute_actions")
+#: the most stages (tasks × cycles) a sequence may have
+MAX_STAGES = 10_000
 
 
 class TaskError(ValueError):
@@ -56,14 +58,30 @@ class Task:
         return bool(self.dynamics) or self.permute_obs or self.permute_actions
 
 
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
 def _factor(value: Any, where: str) -> float | tuple[float, float]:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
+    if _positive(value):
         return float(value)
-    if (isinstance(value, (list, tuple)) and len(value) == 2
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)
-            and value[0] <= value[1]):
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_positive, value)) and value[0] <= value[1]:
         return (float(value[0]), float(value[1]))
-    raise TaskError(f"{where}: expected a factor > 0 or a range [low, high] with 0 < low <= high, got {value!r}")
+    raise TaskError(f"{where}: expected a finite factor > 0 or a range [low, high] with 0 < low <= high < inf, got {value!r}")
+
+
+def describe_dynamics(dynamics: Mapping[str, float | tuple[float, float]]) -> str:
+    """``gravity=2, friction=[0.5, 2]``, or ``unchanged``."""
+    return ", ".join(f"{k}=[{v[0]:g}, {v[1]:g}]" if isinstance(v, tuple) else f"{k}={v:g}"
+                     for k, v in dynamics.items()) or "unchanged"
+
+
+def physics_errors() -> tuple[type[Exception], ...]:
+    """What a simulator raises when its state blows up (dm_control's ``PhysicsError``; a
+    gymnasium MuJoCo env returns non-finite observations instead)."""
+    from dm_control.rl.control import PhysicsError
+
+    return (PhysicsError,)
 
 
 def parse_tasks(raw: Sequence[Any], default_env: str) -> list[Task]:
@@ -109,20 +127,27 @@ class Stage:
 
 
 class TaskSequence:
-    """The stages of ``tasks`` × ``cycles``, ``steps_per_task`` env steps each. A plain run is the
-    sequence of its one env, one stage of all its steps."""
+    """The stages of ``tasks`` × ``cycles``, ``steps_per_task`` env steps each, built when asked
+    for. A plain run is the sequence of its one env, one stage of all its steps."""
 
     def __init__(self, tasks: Sequence[Task], steps_per_task: int, cycles: int = 1) -> None:
-        self.tasks, self.steps_per_task = list(tasks), steps_per_task
-        self.stages = [Stage(c * len(tasks) + i, c, i, t) for c in range(cycles) for i, t in enumerate(tasks)]
+        self.tasks, self.steps_per_task, self.cycles = list(tasks), steps_per_task, cycles
+
+    def __len__(self) -> int:
+        return len(self.tasks) * self.cycles
+
+    def stage(self, index: int) -> Stage:
+        """Stage ``index`` (0-based)."""
+        cycle, task = divmod(index, len(self.tasks))
+        return Stage(index, cycle, task, self.tasks[task])
 
     @property
     def total_steps(self) -> int:
-        return len(self.stages) * self.steps_per_task
+        return len(self) * self.steps_per_task
 
     def stage_at(self, step: int) -> Stage:
         """The stage whose env acts at env step ``step`` (0-based; the last stage after the end)."""
-        return self.stages[min(step // self.steps_per_task, len(self.stages) - 1)]
+        return self.stage(min(step // self.steps_per_task, len(self) - 1))
 
     def is_switch(self, step: int) -> bool:
         """Whether env step ``step`` ends a stage that another follows."""
@@ -131,8 +156,9 @@ class TaskSequence:
     def latest(self, task: int, step: int) -> Stage:
         """The last stage of ``task`` begun by ``step`` (its first stage if none has begun): the one
         an evaluation of that task plays."""
-        begun = [s for s in self.stages if s.task == task and s.index * self.steps_per_task <= step]
-        return begun[-1] if begun else next(s for s in self.stages if s.task == task)
+        begun = min(step // self.steps_per_task, len(self) - 1)  # the last stage begun
+        cycle = (begun - task) // len(self.tasks)
+        return self.stage(max(cycle, 0) * len(self.tasks) + task)
 
 
 @dataclass(frozen=True)

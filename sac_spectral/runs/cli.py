@@ -124,10 +124,12 @@ def resolve_config(cls: type[T], args: argparse.Namespace, resumable: Iterable[s
             raise ConfigError(f"'{key}' cannot change on --resume; resumable keys: {', '.join(sorted(allowed)) or 'none'}")
     data = read_yaml(run_dir / CONFIG_FILE)
     try:
-        merge_sources(cls, data)
+        before = merge_sources(cls, data)
     except ConfigError as err:
         raise ConfigError(f"{run_dir / CONFIG_FILE}: {err}") from None
     cfg = merge_sources(cls, data, args.overrides)
+    for text in args.overrides:
+        check_takes_effect(cls, data, before, text)
     checkpoint = run_dir / CHECKPOINT
     if not checkpoint.exists() and is_unstarted_run_dir(run_dir, cls):
         return Resolved(cfg, run_dir, restart=True)
@@ -142,6 +144,17 @@ def resolve_config(cls: type[T], args: argparse.Namespace, resumable: Iterable[s
                 f"Only {', '.join(sorted(allowed))} may change on --resume; restore the file or start a new run"
             )
     return Resolved(cfg, run_dir)
+
+
+def check_takes_effect(cls: type, data: Mapping[str, Any], before: Any, text: str) -> None:
+    """Refuse the override ``text`` on the config ``before`` (``cls`` from ``data``) where it asks for a
+    new value and the config's own rules overrule it (a key the config derives from others)."""
+    path, value = parse_override(text)
+    key = ".".join(path)
+    was = flatten(to_dict(before)).get(key)
+    if value != was and to_dict(merge_sources(cls, data, [text])) == to_dict(before):
+        why = {row[0]: row[3] for row in describe(cls)}.get(key, "")
+        raise ConfigError(f"{text} would not take effect: this run's config derives {key} ({was}) from its other keys ({why})")
 
 
 def config_differences(saved: Mapping[str, Any], cfg: Any, resumable: Iterable[str]) -> list[str]:

@@ -34,16 +34,26 @@ def _cell(value: Any) -> str:
     return "" if value is None else repr(float(value)) if isinstance(value, float) else str(value)
 
 
+def _migrated(lines: list[str], columns: Sequence[str]) -> list[str]:
+    """A file's lines under the header of ``columns``: a file written before some of them (its
+    columns all among them) gets empty cells there; any other is left as it is."""
+    old = lines[0].rstrip("\n").split(",") if lines else []
+    if not old or old == list(columns) or not set(old) <= set(columns):
+        return lines
+    cells = (dict(zip(old, line.rstrip("\n").split(","))) for line in lines[1:])
+    return [",".join(columns) + "\n"] + [",".join(row.get(c, "") for c in columns) + "\n" for row in cells]
+
+
 def append_rows(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
     """Append ``rows`` (all with the same first-column key) to the CSV at ``path``, after dropping
-    rows whose key is at or past theirs and a cut-off last line."""
+    rows whose key is at or past theirs and a cut-off last line (a file written before a column
+    was added keeps its rows, that column empty)."""
     header = ",".join(columns) + "\n"
     key = float(rows[0][columns[0]])
-    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
-    if lines and not lines[-1].endswith("\n"):
-        lines = lines[:-1]
+    written = path.read_text().splitlines(keepends=True) if path.exists() else []
+    lines = _migrated(written[:-1] if written and not written[-1].endswith("\n") else written, columns)
     kept = [header] + ([ln for ln in lines[1:] if float(ln.split(",", 1)[0]) < key] if lines[:1] == [header] else [])
-    if kept != lines:
+    if kept != written:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(kept))
         os.replace(tmp, path)

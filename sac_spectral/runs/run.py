@@ -1,7 +1,7 @@
 """A run's life, shared by every runner: :class:`Run` opens a fresh, restarted or resumed run,
 drives the runner's loop under :class:`GracefulStop`, carries out its declared schedule of
-periodic work and checkpoints, and ends it — done, stopped by a signal, non-finite, or an I/O
-failure — with its message and exit code.
+periodic work and checkpoints, and ends it — done, stopped by a signal, non-finite, failed, or an
+I/O failure — with its message and exit code.
 
 A runner is a :class:`Loop`: it knows how to build, save and describe itself and trains by
 calling :meth:`Run.after` once per step (env step or iteration). The ends are exceptions carrying
@@ -45,6 +45,11 @@ class RunEnd(Exception):
 
 class NonFinite(RunEnd):
     """A non-finite loss, parameter or optimizer state: stop, keep the last good checkpoint (exit 1)."""
+
+
+class Failed(RunEnd):
+    """What the run trains on failed (a simulator whose state blew up): checkpoint what the run has,
+    then one line that says why (exit 1)."""
 
 
 class Finished(Exception):
@@ -210,6 +215,15 @@ class Run:
         except NonFinite:
             self._close_bar()
             return self._nonfinite()
+        except Failed as end:
+            self._close_bar()
+            if not loop.finite():
+                return self._nonfinite()
+            self.checkpoint()
+            self._close_logger()
+            print(f"error: {end} at {loop.position()}; stopping; checkpoint written to {loop.run_dir / CHECKPOINT}",
+                  file=sys.stderr)
+            return end.code
         except OSError as err:
             self._close_bar()
             self._close_logger()

@@ -70,19 +70,51 @@ def _few_ticks(ax: Any, x: int = 4, y: int | None = 5) -> None:
         ax.yaxis.set_major_locator(MaxNLocator(y))
 
 
-def iqm_curves(al: Aligned, st: dict[str, Any], colors: dict[str, Any], xlabel: str, score: str) -> Any:
+#: a task sequence's stages as the figures mark them: each stage's task, and the env steps per stage
+Stages = tuple[Sequence[str], int]
+#: more stages than this: the switches are marked, the stages not labelled
+LABELLED_STAGES = 8
+#: inches of figure width a labelled stage takes
+STAGE_WIDTH = 1.3
+
+
+def stages_width(stages: Stages | None) -> float:
+    """The figure width (inches) that labels of ``stages`` need (0 where they are not labelled)."""
+    return STAGE_WIDTH * len(stages[0]) if stages is not None and len(stages[0]) <= LABELLED_STAGES else 0.0
+
+
+def mark_stages(ax: Any, stages: Stages) -> None:
+    """Dashed lines at a sequence's switches and, for a few stages, ``stage <index>`` and its task
+    atop each (in room added above the data)."""
+    names, steps = stages
+    for s in range(1, len(names)):
+        ax.axvline(s * steps, color="0.5", linestyle="--", linewidth=0.8, zorder=1)
+    if stages_width(stages):
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, hi + 0.18 * (hi - lo))
+        for s, name in enumerate(names):
+            ax.text((s + 0.5) * steps, 0.98, f"stage {s}\n{name}", transform=ax.get_xaxis_transform(), ha="center",
+                    va="top", fontsize="x-small", color="0.35", clip_on=True)
+
+
+def iqm_curves(al: Aligned, st: dict[str, Any], colors: dict[str, Any], xlabel: str, score: str,
+               stages: Stages | None = None) -> Any:
+    """IQM over tasks × seeds at each step, with the switches of a task sequence (``stages``) dashed."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(max(7.0, stages_width(stages)), 4.5))
     for i, m in enumerate(al.methods):
         ax.plot(al.x, st["curve_point"][m], color=colors[m], label=m, markevery=max(1, len(al.x) // 10), **_style(i))
         ax.fill_between(al.x, *st["curve_ci"][m], color=colors[m], alpha=_band_alpha(len(al.methods), 0.2))
     _few_ticks(ax, 5)
+    if stages is not None:
+        mark_stages(ax, stages)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"IQM {score}")
     ax.grid(alpha=0.3)
     _legend(ax, len(al.methods))
-    ax.set_title(f"IQM over {len(al.tasks)} task(s) × seeds, 95 % stratified-bootstrap CI")
+    ax.set_title(f"IQM over {len(al.tasks)} task(s) × seeds, 95 % stratified-bootstrap CI"
+                 + ("; task switches dashed" if stages is not None else ""))
     return fig
 
 
@@ -211,14 +243,15 @@ def accuracy_per_task(al: Aligned, colors: dict[str, Any], kind: RunKind) -> Any
 
 
 def build_figures(al: Aligned, st: dict[str, Any], kind: RunKind, normalized: bool,
-                  caveat: str | None = None) -> dict[str, Any]:
-    """The report's figures by file name; ``caveat`` (e.g. too few seeds) is printed under each."""
+                  caveat: str | None = None, stages: Stages | None = None) -> dict[str, Any]:
+    """The report's figures by file name; ``caveat`` (e.g. too few seeds) is printed under each,
+    the switches of a task sequence (``stages``) are marked on the IQM curves."""
     import matplotlib
 
     matplotlib.use("Agg")
     colors = method_colors(al.methods)
     xlabel, score = kind.x_label, kind.score_label if normalized else kind.raw_label
-    figs = {"iqm_curves.png": iqm_curves(al, st, colors, xlabel, score),
+    figs = {"iqm_curves.png": iqm_curves(al, st, colors, xlabel, score, stages),
             "per_task_curves.png": per_task_curves(al, st, colors, xlabel, score),
             "final_scores.png": final_scores(al, st, colors, score, normalized)}
     if st["poi_point"]:
@@ -233,12 +266,12 @@ def build_figures(al: Aligned, st: dict[str, Any], kind: RunKind, normalized: bo
 
 
 def figures(al: Aligned, st: dict[str, Any], kind: RunKind, out: Path, normalized: bool,
-            caveat: str | None = None) -> list[str]:
+            caveat: str | None = None, stages: Stages | None = None) -> list[str]:
     """Write the PNGs; returns their file names."""
     import matplotlib.pyplot as plt
 
     written = []
-    for name, fig in build_figures(al, st, kind, normalized, caveat).items():
+    for name, fig in build_figures(al, st, kind, normalized, caveat, stages).items():
         fig.savefig(out / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(name)

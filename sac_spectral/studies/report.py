@@ -325,13 +325,14 @@ def _predictors_section(study: Study, data: dict[str, Any]) -> list[str]:
 
 
 CAPTIONS = {
-    "iqm_curves.png": "IQM of the score over training (all tasks × seeds) with 95 % CI bands",
+    "iqm_curves.png": "IQM of the score over training (all tasks × seeds) with 95 % CI bands (task sequences: switches dashed)",
     "per_task_curves.png": "each task: mean over seeds with 95 % bootstrap CI",
     "final_scores.png": "final median, IQM, mean (and optimality gap) with 95 % CIs; the bar is the CI, the tick the point estimate",
     "probability_of_improvement.png": "P(X > {baseline}) with 95 % CIs; right of 0.5 = X tends to beat the baseline",
     "performance_profile.png": "fraction of runs whose final score exceeds τ, with 95 % CI bands; a curve above another dominates it",
     "accuracy_per_task.png": "end-of-task train (and test) accuracy by task index, mean ± std over seeds",
-    "continual_tasks.png": "task sequences: each task over the whole run, its own stages shaded and the switches dashed",
+    "continual_tasks.png": "task sequences: each task over the whole run, the switches dashed with each stage's index and "
+                           "task, evaluations in a warm-up hollow (several tasks: each task's own stages shaded)",
 }
 
 
@@ -419,9 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     st = compute_statistics(al, study.kind, baseline, args.reps, args.seed)
     few = few_seeds(al)
-    pngs = figures(al, st, study.kind, out, study.normalized, few and f"{few}: bootstrap CIs unreliable")
     seqs = read_sequences(study)
-    pngs += continual_figures(seqs, method_colors(al.methods), out)
+    pngs = figures(al, st, study.kind, out, study.normalized, few and f"{few}: bootstrap CIs unreliable", seqs.marks)
+    pngs += continual_figures(seqs, method_colors(al.methods), out, _score_name(study))
     cautions = report_warnings(study, al)
     data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions, args.diagnostics, args.seed,
                         seqs)

@@ -150,12 +150,14 @@ def _discover(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
     return sweeps, runs
 
 
-def _loose_labels(configs: list[dict[str, Any]], task_keys: Sequence[str]) -> tuple[list[str], list[str]]:
-    """A label per loose run from the config keys in which they differ, and those keys."""
+def _loose_labels(runs: list[Path], configs: list[dict[str, Any]], task_keys: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A label per loose run from the config keys in which they differ, and those keys; runs that
+    differ in none are one method: a lone run's directory name, else ``runs``."""
     flats = [{k: v for k, v in flatten(c).items() if k not in task_keys and not k.startswith(NOT_METHOD)} for c in configs]
     keys = sorted({k for f in flats for k in f})
     differ = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flats}) > 1]
-    labels = [", ".join(f"{k}={json.dumps(f.get(k), default=str)}" for k in differ) or "runs" for f in flats]
+    same = runs[0].name if len(runs) == 1 else "runs"
+    labels = [", ".join(f"{k}={json.dumps(f.get(k), default=str)}" for k in differ) or same for f in flats]
     return labels, differ
 
 
@@ -200,7 +202,7 @@ def load(paths: Sequence[str]) -> Study:
         if len(kinds) > 1:
             raise ConfigError(f"the directories mix {' and '.join(sorted(kinds))} runs; report them separately")
         task_keys = get_kind(next(iter(kinds))).task_keys
-        labels, differ = _loose_labels(configs, task_keys)
+        labels, differ = _loose_labels(runs, configs, task_keys)
         for run_dir, label in zip(runs, labels):
             kind, curves, normalized = read_run(run_dir, label, task_keys)
             add(kind, curves, normalized)

@@ -1,7 +1,7 @@
 """The report's continual-RL part: runs of task sequences measured per seed by their kind's
 ``stages`` (RL: :func:`~sac_spectral.apps.rl.stages.stage_metrics`) — the final return averaged over the sequence's
 tasks, forgetting and plasticity per stage — tabulated as IQMs with 95 % stratified-bootstrap CIs,
-and each task's curve over the whole run with the stage boundaries marked."""
+and each task's curve over the whole run with the stages and their warm-ups marked."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY
+from sac_spectral.studies.figures import Stages, mark_stages, stages_width
 from sac_spectral.studies.results import Study, correlation_table, headline_diagnostics, read_mapping
 
 #: ``estimate(scores, func)``: point and 95 % interval per key of ``scores`` ([runs, 1] arrays)
@@ -30,10 +31,17 @@ class Sequences:
     plasticity: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     #: method -> task -> (run, seed) -> step -> score
     curves: dict[str, dict[str, dict[tuple[Path, int], dict[int, float]]]] = field(default_factory=dict)
+    #: method -> task -> the steps of its evaluations in a stage's warm-up
+    warmups: dict[str, dict[str, set[int]]] = field(default_factory=dict)
     steps_per_task: int = 0
     stages: list[str] = field(default_factory=list)
     #: whether the runs follow different sequences (stages are then each run's own)
     mixed: bool = False
+
+    @property
+    def marks(self) -> Stages | None:
+        """The stages the figures mark (none where the runs follow different sequences)."""
+        return None if self.mixed or not self.stages else (self.stages, self.steps_per_task)
 
 
 def read_sequences(study: Study) -> Sequences:
@@ -55,6 +63,8 @@ def read_sequences(study: Study) -> Sequences:
         out.first.setdefault(method, []).extend(v / scale for v in m["first_average"] if v is not None)
         for stage, values in m["plasticity_by_stage"].items():
             out.plasticity.setdefault(method, {}).setdefault(int(stage), []).extend(v for v in values if v is not None)
+        for task, measured in m["tasks"].items():
+            out.warmups.setdefault(method, {}).setdefault(task, set()).update(measured["warmup_steps"])
         score, x = study.kind.score, study.kind.x
         for r in rows:
             if r.get(score) is not None:
@@ -96,7 +106,9 @@ def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any])
              "task's first stage (what the method learns of a new task, its cost or gain there); forgetting, the best return "
              "before the end minus the final one, averaged over tasks; plasticity, a later stage's return at its end "
              "divided by the task's first stage's at its end (below 1: the agent learns the task less well than "
-             f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. IQM over seeds with 95 % stratified-bootstrap CIs."
+             f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. An evaluation in a stage's "
+             "warm-up (before the stage's first update: `warmup` in evals.csv) scores the networks the stage before left "
+             "and counts in none of these but the final return. IQM over seeds with 95 % stratified-bootstrap CIs."
              + (" The runs follow different sequences: a stage is each run's own." if seqs.mixed else ""),
              "", "| method | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
     data["continual"] = {}
@@ -148,21 +160,25 @@ def switch_section(study: Study, data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def task_curves(seqs: Sequences, colors: dict[str, Any]) -> Any:
-    """One axes per task: each method's mean over seeds (band: ± 1.96 standard errors) over the
-    whole run, stage boundaries dashed and the task's own stages shaded; None without sequences."""
+def task_curves(seqs: Sequences, colors: dict[str, Any], score: str) -> Any:
+    """One axes per task, one above the other: each method's mean over seeds (band: ± 1.96 standard
+    errors) over the whole run, evaluations in a stage's warm-up hollow, the switches dashed with each
+    stage's index and task atop, and (with several tasks) the task's own stages shaded; None without
+    sequences."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     tasks = list(dict.fromkeys(t for per_task in seqs.curves.values() for t in per_task))
     if not tasks:
         return None
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks), 3.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        for s, name in enumerate([] if seqs.mixed else seqs.stages):
+    shade = seqs.marks is not None and len(set(seqs.stages)) > 1  # a one-task sequence's stages are all its own
+    fig, axes = plt.subplots(len(tasks), 1, figsize=(max(7.0, stages_width(seqs.marks)), 0.4 + 3.2 * len(tasks)),
+                             sharex=True, squeeze=False)
+    for ax, task in zip(axes[:, 0], tasks):
+        for s, name in enumerate(seqs.stages if shade else []):
             if name == task:
                 ax.axvspan(s * seqs.steps_per_task, (s + 1) * seqs.steps_per_task, color="0.92", zorder=0)
-            if s:
-                ax.axvline(s * seqs.steps_per_task, color="0.5", linestyle="--", linewidth=0.8)
         for method, per_task in seqs.curves.items():
             runs = list(per_task.get(task, {}).values())
             if not runs:
@@ -170,24 +186,39 @@ def task_curves(seqs: Sequences, colors: dict[str, Any]) -> Any:
             steps = sorted(set.intersection(*(set(r) for r in runs)))
             y = np.array([[r[s] for s in steps] for r in runs])
             mean, half = y.mean(axis=0), 1.96 * y.std(axis=0, ddof=1) / np.sqrt(len(runs)) if len(runs) > 1 else 0.0
-            ax.plot(steps, mean, color=colors[method], label=method)
+            ax.plot(steps, mean, color=colors[method])
             ax.fill_between(steps, mean - half, mean + half, color=colors[method], alpha=0.15)
+            warm = [i for i, s in enumerate(steps) if s in seqs.warmups.get(method, {}).get(task, ())]
+            ax.scatter(np.array(steps)[warm], mean[warm], s=20, facecolors="white", edgecolors=colors[method], zorder=3)
+        if seqs.marks is not None:
+            mark_stages(ax, seqs.marks)
         ax.set_title(task, fontsize="medium")
-        ax.set_xlabel("env steps")
-        ax.set_ylabel("mean return / scale")
+        ax.set_ylabel(f"{score},\nmean over seeds")
         ax.grid(alpha=0.3)
-    fig.suptitle("each task over the sequence (its stages shaded, switches dashed): mean over seeds ± 1.96 SE")
+    axes[-1, 0].set_xlabel("env steps")
+    seeds = {m: len({key for curves in per_task.values() for key in curves}) for m, per_task in seqs.curves.items()}
+    handles = [Line2D([], [], color=colors[m], label=f"{m} ({n} seed{'s' * (n > 1)}; band ± 1.96 SE)")
+               for m, n in seeds.items()]
+    if any(steps for per_task in seqs.warmups.values() for steps in per_task.values()):
+        handles.append(Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor="0.3",
+                              label="evaluation in a warm-up (before its stage's first update)"))
+    if seqs.marks is not None:
+        handles.append(Line2D([], [], color="0.5", linestyle="--", linewidth=0.8,
+                              label="task switch (atop each stage: its index and task)"))
+    if shade:
+        handles.append(Patch(color="0.92", label="the task's own stages"))
+    fig.suptitle("each task over the sequence: mean over seeds")
     fig.tight_layout()
-    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     return fig
 
 
-def continual_figures(seqs: Sequences, colors: dict[str, Any], out: Path) -> list[str]:
-    """Write ``continual_tasks.png`` (:func:`task_curves`) where there are sequence runs; returns the
-    file names written."""
+def continual_figures(seqs: Sequences, colors: dict[str, Any], out: Path, score: str) -> list[str]:
+    """Write ``continual_tasks.png`` (:func:`task_curves` of ``score``, the kind's score label) where
+    there are sequence runs; returns the file names written."""
     import matplotlib.pyplot as plt
 
-    fig = task_curves(seqs, colors)
+    fig = task_curves(seqs, colors, score)
     if fig is None:
         return []
     fig.savefig(out / "continual_tasks.png", dpi=110, bbox_inches="tight")

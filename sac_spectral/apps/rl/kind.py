@@ -11,8 +11,9 @@ from sac_spectral.apps.rl.stages import stage_metrics
 from sac_spectral.runs.kinds import Row, RunKind
 
 #: ``evals.csv``: one row per seed and evaluation, the mean return over ``episodes`` episodes of
-#: ``task`` (a plain run's env; a sequence's task name) in training stage ``stage`` (0 in a plain run)
-COLUMNS = ("step", "seed", "updates", "return", "episodes", "wall_time_s", "task", "stage")
+#: ``task`` (a plain run's env; a sequence's task name) in training stage ``stage`` (0 in a plain run);
+#: ``warmup`` 1 where the stage had no update yet (its warm-up; empty in files written before)
+COLUMNS = ("step", "seed", "updates", "return", "episodes", "wall_time_s", "task", "stage", "warmup")
 
 
 def scale(config: Mapping[str, Any]) -> float | None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
 from sac_spectral.envs import EnvPool, UnknownEnvError
 from sac_spectral.envs.evaluate import eval_env_seed
-from sac_spectral.envs.tasks import Stage, TaskError, stage_env
-from sac_spectral.core.config import ConfigError
+from sac_spectral.envs.tasks import Stage, TaskError, describe_dynamics, physics_errors, stage_env
+from sac_spectral.core.config import ConfigError, one_line
 from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.core.threads import ThreadWatch
 from sac_spectral.runs.cli import recorded_config, set_torch_threads
@@ -30,7 +31,7 @@ from sac_spectral.runs.layout import SUMMARY
 from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finite
 from sac_spectral.runs.memory import check_fits
 from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
-from sac_spectral.runs.run import Finished
+from sac_spectral.runs.run import Failed, Finished
 from sac_spectral.runs.video import gl_backend, render, use_offscreen_rendering
 
 #: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming
@@ -103,19 +104,21 @@ def no_updates(cfg: TrainConfig) -> str | None:
     return f"{why}: this run does 0 updates (only random warm-up); lower random_steps to train"
 
 
-def finished_message(path: Path, step: int, total_steps: int) -> str | None:
-    """The line that says the run in ``path`` is done — its checkpoint at ``total_steps`` and its
-    ``summary.json`` of that step — or None."""
+def finished_message(path: Path, step: int, cfg: TrainConfig) -> str | None:
+    """The line that says the run of ``cfg`` in ``path`` is done — its checkpoint at ``total_steps``
+    and its ``summary.json`` of that step — or None; it names the key that extends the run (a task
+    sequence's ``cycles``, else ``total_steps``)."""
     try:
         summary = json.loads((path / SUMMARY).read_text())
     except (OSError, ValueError):
         return None
-    if step != total_steps or not isinstance(summary, dict) or summary.get("steps") != step:
+    if step != cfg.total_steps or not isinstance(summary, dict) or summary.get("steps") != step:
         return None
     final = summary.get("final_eval_return")
     result = f" (final eval return {final:.1f})" if isinstance(final, (int, float)) else ""
-    return (f"{path} is finished at step {step} of {total_steps}{result}; nothing changed. "
-            f"To extend it: --resume {path} total_steps=N with N > {step}")
+    key, value = ("cycles", cfg.cycles) if cfg.tasks else ("total_steps", cfg.total_steps)
+    return (f"{path} is finished at step {step} of {cfg.total_steps}{result}; nothing changed. "
+            f"To extend it: --resume {path} {key}=N with N > {value}")
 
 
 class RLRun:
@@ -135,7 +138,7 @@ class RLRun:
         self.sequence, self.step = cfg.sequence(), 0
         self._eval_envs: dict[int, tuple[int, list[gym.Env]]] = {}  # task -> (stage, its envs per seed)
         try:
-            self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat, envs=self.stage_envs(self.sequence.stages[0]))
+            self.pool = EnvPool(cfg.env, self.seeds, cfg.action_repeat, envs=self.stage_envs(self.sequence.stage(0)))
             self._check_shapes()
         except (UnknownEnvError, TaskError) as err:
             raise ConfigError(f"{'tasks' if cfg.tasks else 'env'}: {err}") from None
@@ -165,6 +168,7 @@ class RLRun:
         self.run_dir: Path | None = None
         self.logger: RunLogger | None = None
         self.postfix: dict[str, str] = {}
+        self.failure: str | None = None  # why the run ended failed (its checkpoint cannot be resumed)
 
     # ----------------------------------------------------------------------------- stages
     def stage_envs(self, stage: Stage) -> list[gym.Env]:
@@ -176,12 +180,29 @@ class RLRun:
         """The stage the agent trains in: at a switch step, the one that just ended."""
         return self.sequence.stage_at(max(self.step - 1, 0))
 
+    def warming_up(self, step: int) -> bool:
+        """Whether the agent after env step ``step`` has had no update yet in the stage it trains in
+        (that stage's warm-up: random actions, the networks as the stage before left them)."""
+        start = self.sequence.stage_at(max(step - 1, 0)).index * self.sequence.steps_per_task
+        return self.cfg.updates_after(step) == self.cfg.updates_after(start)
+
     def eval_envs_of(self, task: int) -> list[gym.Env]:
         """Evaluation envs of task ``task`` as its latest begun stage drew it (its first before)."""
         stage = self.sequence.latest(task, max(self.step - 1, 0))
         if self._eval_envs.get(task, (-1,))[0] != stage.index:
             self._eval_envs[task] = (stage.index, [stage_env(stage, s, eval_env_seed(s), self.cfg.action_repeat) for s in self.seeds])
         return self._eval_envs[task][1]
+
+    @contextmanager
+    def simulating(self, stage: Stage) -> Iterator[None]:
+        """Step envs of ``stage``: a simulator whose state blows up (:func:`physics_errors`) ends the
+        run with :class:`Failed`, naming the stage and its dynamics."""
+        try:
+            yield
+        except physics_errors() as err:
+            self.failure = (f"the simulator failed in stage {stage.index} (task {stage.spec.name}, dynamics "
+                            f"{describe_dynamics(stage.spec.dynamics)}): {one_line(err, 120)}")
+            raise Failed(self.failure) from None
 
     @property
     def eval_envs(self) -> list[gym.Env]:
@@ -211,7 +232,7 @@ class RLRun:
         anything is written."""
         self.load_state_dict(reopen_run_dir(self.cfg, path))
         self.run_dir = path
-        done = finished_message(path, self.step, self.cfg.total_steps)
+        done = finished_message(path, self.step, self.cfg)
         if done is not None:
             raise Finished(done)
         self.logger = RunLogger(path, self.cfg.num_seeds, purge_step=self.step + 1)
@@ -237,14 +258,20 @@ class RLRun:
             "agent": self.agent.full_state_dict(), "buffer": self.buffer.state_dict(),
             "streams": self.streams.state_dict(), "pool": self.pool.state_dict(), "torch_rng": torch.get_rng_state(),
             "evals": self.evals, "switches": self.switches, "random_return": self.random_return, "priming_report": self.priming_report,
-            "wall_time": self.wall_time,
+            "wall_time": self.wall_time, "failure": self.failure,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_format(state)
-        if int(state["step"]) > self.cfg.total_steps:
-            raise ConfigError(f"total_steps={self.cfg.total_steps} is below the run's current step {int(state['step'])}; "
-                              f"give total_steps >= {int(state['step'])}")
+        if state.get("failure"):
+            raise ConfigError(f"this run ended at step {state['step']} because {state['failure']}; a resume would "
+                              "fail the same way: start a new run with milder dynamics")
+        step, cfg = int(state["step"]), self.cfg
+        if step > cfg.total_steps and cfg.tasks:
+            raise ConfigError(f"cycles={cfg.cycles} ends the run at step {cfg.total_steps}, before its current step {step}; "
+                              f"give cycles >= {-(-step // (len(cfg.tasks) * cfg.steps_per_task))}")
+        if step > cfg.total_steps:
+            raise ConfigError(f"total_steps={cfg.total_steps} is below the run's current step {step}; give total_steps >= {step}")
         for key in self._COUNTERS:
             setattr(self, key, int(state[key]))
         if self.sequence.stage_at(self.step).index > 0:

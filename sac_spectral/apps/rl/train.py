@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -38,9 +37,9 @@ from sac_spectral.runs.video import frame_schedule, record_episode, video_suffix
 __all__ = ["CHECKPOINT_FORMAT", "RESUMABLE_KEYS", "TrainConfig", "Trainer", "check_format", "main"]
 
 #: keys that may change on --resume; ``compile``: the compiled and the eager update share the
-#: agent's parameters and Adam state
+#: agent's parameters and Adam state; a task sequence is extended by ``cycles`` (its ``total_steps`` follows)
 RESUMABLE_KEYS = (
-    "total_steps", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress", "threads",
+    "total_steps", "cycles", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress", "threads",
     "compile", *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
 )
 #: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
@@ -110,21 +109,15 @@ def log_diagnostics(logger: RunLogger, agent: Agent, buffer: ReplayBuffer, cfg: 
     return out
 
 
-def _trained(evaluation: dict[str, Any], cfg: TrainConfig) -> bool:
-    """Whether an evaluation scored an agent after its first update (``evals.csv``'s ``updates``
-    column marks the others with 0)."""
-    return evaluation.get("updates", int(evaluation["step"] > cfg.random_steps)) > 0
-
-
 def eval_rows(evals: Sequence[dict[str, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
     """The evaluation history as ``evals.csv``'s rows (one per seed)."""
-    return [{**{k: e.get(k) for k in ("step", "task", "stage")}, "seed": s, "return": r}
+    return [{**{k: e.get(k) for k in ("step", "updates", "task", "stage", "warmup")}, "seed": s, "return": r}
             for e in evals for s, r in zip(seeds, e["returns"])]
 
 
 def summary(t: Trainer) -> dict[str, Any]:
     """``summary.json`` of an RL run: final, best (null where no evaluation followed the first
-    update) and random-policy returns (means and per seed), counts — ``steps`` are the agent's
+    update of its stage) and random-policy returns (means and per seed), counts — ``steps`` are the agent's
     actions, ``simulator_steps`` those times ``action_repeat`` — and rates, the warnings of its
     start, the evaluation history and the priming diagnostics. A task sequence's final return is
     the average over its tasks, its best the current task's, and ``continual`` holds
@@ -136,7 +129,7 @@ def summary(t: Trainer) -> dict[str, Any]:
     if measured is not None:
         continual = {**measured, "switches": t.switches}
         finals = [float("nan") if f is None else f for f in continual["final_average"]]
-    trained = [e["returns"] for e in current if _trained(e, t.cfg)]  # evaluations during warm-up don't count
+    trained = [e["returns"] for e in current if not e.get("warmup", t.warming_up(e["step"]))]  # warm-ups don't count
     best = np.max(trained, axis=0).tolist() if trained else [None] * len(t.seeds)
     randoms = t.random_return or []
     return {
@@ -170,7 +163,8 @@ class Trainer(RLRun):
         for warning in self.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         if self.random_return is None:
-            self.random_return = self._evaluate(random_policy(self.seeds, self.pool.act_dim), "random_policy").tolist()
+            self.random_return = self._evaluate(random_policy(self.seeds, self.pool.act_dim), "random_policy",
+                                                self.stage().task).tolist()
             self.logger.per_seed("eval/random_policy_return", self.random_return, 0)
         self.rates = {"bar": Rates(self.step, self.agent.num_updates), "log": Rates(self.step, self.agent.num_updates)}
         self.logged_step, self.logged_updates = -1, self.agent.num_updates
@@ -178,6 +172,8 @@ class Trainer(RLRun):
         self.postfix = {"eval": f"{float(np.mean(self.evals[-1]['returns'])):.1f}"} if self.evals else {}
         if self._reset_due():  # a run that ended at a reset step and is now extended
             self._reset()
+        if self.sequence.is_switch(self.step) and all(s["step"] != self.step for s in self.switches):
+            self._switch()  # a sequence that ended there and now runs more cycles
         if self._priming_due():  # resumed in the middle of priming: finish it and this step's periodic work
             self.learn(run)
             run.after(self.step)
@@ -185,7 +181,8 @@ class Trainer(RLRun):
             obs, actions = self.pool.obs, self._act()
             if not np.isfinite(actions).all():
                 raise NonFinite
-            tr = self.pool.step(actions)
+            with self.simulating(self.sequence.stage_at(self.step)):
+                tr = self.pool.step(actions)
             self.buffer.add(obs, actions, tr.reward, tr.next_obs, tr.terminated)
             self.step += 1
             self.logger.episodes(tr.finished, self.step)
@@ -235,9 +232,10 @@ class Trainer(RLRun):
         self.last_reset = self.step
 
     # ----------------------------------------------------------------------------- evaluation
-    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], step: int | str,
-                  envs: Sequence[gym.Env] | None = None) -> np.ndarray:
-        return evaluate(policy, self.eval_envs if envs is None else envs, self.seeds, step, self.cfg.eval_episodes)
+    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], step: int | str, task: int) -> np.ndarray:
+        """Mean return per seed of ``policy`` on task ``task`` (:meth:`eval_envs_of`)."""
+        with self.simulating(self.sequence.latest(task, max(self.step - 1, 0))):
+            return evaluate(policy, self.eval_envs_of(task), self.seeds, step, self.cfg.eval_episodes)
 
     def _policy(self, obs: np.ndarray) -> np.ndarray:
         return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
@@ -247,20 +245,21 @@ class Trainer(RLRun):
         (``eval/<task>/return``); ``eval/return`` is the current task's."""
         stage, seq = self.stage(), self.sequence
         every_task = bool(self.cfg.tasks) and (seq.is_switch(self.step) or self.step == self.cfg.total_steps)
-        rows = []
+        rows, evals, warmup = [], [], self.warming_up(self.step)
         for i in range(len(seq.tasks)) if every_task else [stage.task]:
             name = seq.tasks[i].name
-            returns = self._evaluate(self._policy, self.step if i == stage.task else f"{self.step}/{name}", self.eval_envs_of(i))
-            self.evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist(),
-                               "task": name, "stage": stage.index})
+            returns = self._evaluate(self._policy, self.step if i == stage.task else f"{self.step}/{name}", i)
+            evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist(),
+                          "task": name, "stage": stage.index, "warmup": warmup})
             rows += [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
-                      "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name, "stage": stage.index}
-                     for s, r in zip(self.seeds, returns)]
+                      "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name, "stage": stage.index,
+                      "warmup": int(warmup)} for s, r in zip(self.seeds, returns)]
             if self.cfg.tasks:
                 self.logger.per_seed(f"eval/{name}/return", returns.tolist(), self.step)
             if i == stage.task:
                 self.logger.per_seed("eval/return", returns.tolist(), self.step)
                 self.postfix["eval"] = f"{float(returns.mean()):.1f}"
+        self.evals += evals
         append_rows(self.logger.run_dir / EVALS, KIND.columns, rows)
 
     def _switch(self) -> None:
@@ -279,7 +278,8 @@ class Trainer(RLRun):
         if sw.optimizer == "reset":
             for trained in self.agent.trained.values():
                 forget(trained.optimizer, trained.module.parameters())
-        self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
+        with self.simulating(self.sequence.stage_at(self.step)):
+            self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
         self.logger.scalar("task/stage", self.sequence.stage_at(self.step).index, self.step)
 
     def _video(self) -> None:
