@@ -260,6 +260,31 @@ def test_stage_metrics_follow_their_definitions():
     assert a["best_per_stage"] == {"0": [400.0], "1": [350.0], "2": [200.0], "3": [200.0]}
     assert a["plasticity"] == {"2": [200.0 / 400.0]} and b["plasticity"] == {"3": [450.0 / 600.0]}
     assert m["final_average"] == [325.0] and m["first_average"] == [500.0] and m["plasticity_by_stage"] == {"2": [0.5], "3": [0.75]}
+    assert m["stage_end"] == {"0": [400.0], "1": [600.0], "2": [200.0], "3": [450.0]} and m["seeds"] == [0]
+
+
+def test_plasticity_against_fresh_networks_divides_by_the_reference_on_the_same_seed_and_stage():
+    """Per seed, the mean over later stages of a method's stage-end return over the fresh-network
+    reference's on the same seed and stage; the reference scores 1; a stage the reference failed
+    (return 0) and a seed it did not run are left out; no reference, no measure."""
+    from pathlib import Path
+
+    from sac_spectral.studies.sequences import Sequences, continual_section, fresh_plasticity
+
+    a, b = Path("a"), Path("b")
+    seqs = Sequences(stage_end={
+        "plain": {(a, 0): {0: 0.6, 1: 0.2, 2: 0.3, 3: 0.5}, (a, 1): {0: 0.1, 1: 0.1}, (a, 7): {1: 0.9}},
+        "reset_all": {(b, 0): {0: 0.5, 1: 0.4, 2: 0.6, 3: 0.0}, (b, 1): {0: 0.2, 1: 0.4}},
+    })
+    fresh = fresh_plasticity(seqs, "reset_all")
+    assert fresh["plain"] == pytest.approx([(0.2 / 0.4 + 0.3 / 0.6) / 2, 0.1 / 0.4])
+    assert fresh["reset_all"] == pytest.approx([1.0, 1.0])
+    assert fresh_plasticity(seqs, "missing") == {}
+    seqs.final = {"plain": [0.3, 0.1], "reset_all": [0.4, 0.4]}
+    table = continual_section(seqs, lambda scores, func: ({m: func(v) for m, v in scores.items()},
+                                                          {m: np.stack([func(v), func(v)]) for m, v in scores.items()}),
+                              {}, "reset_all")
+    assert "plasticity vs fresh networks (`reset_all`)" in "\n".join(table)
 
 
 @pytest.mark.parametrize("marked", [True, False], ids=["warmup column", "evals.csv before it"])

@@ -1,4 +1,4 @@
-"""``python -m sac_spectral.report RUN_OR_SWEEP_DIR ... [--out DIR] [--baseline METHOD] [--reps N]``
+"""``python -m sac_spectral.report RUN_OR_SWEEP_DIR ... [--out DIR] [--baseline METHOD] [--fresh-reference METHOD] [--reps N]``
 
 Aggregate results of runs and sweeps the way Agarwal et al. (2021) recommend, with their library
 ``rliable``: IQM, mean, median and optimality gap of normalized scores over all runs (tasks ×
@@ -338,7 +338,7 @@ CAPTIONS = {
 
 def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, baseline: str, pngs: list[str],
                  reps: int, sources: Sequence[str], cautions: list[str], diagnostics: Sequence[str] = (),
-                 seed: int = 0, seqs: Sequences | None = None) -> dict[str, Any]:
+                 seed: int = 0, seqs: Sequences | None = None, reference: str = "reset_all") -> dict[str, Any]:
     """Write ``report.md`` and ``report.json``; returns what ``report.json`` holds."""
     metrics = list(METRICS) if study.normalized else list(METRICS[:3])
     data: dict[str, Any] = {"kind": study.kind.name, "score": _score_name(study), "tasks": al.tasks,
@@ -353,7 +353,7 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
         lines += _first_last_section(al, study.kind, data)
     lines += _priming_section(study, data)
     if seqs is not None:
-        lines += continual_section(seqs, lambda scores, func: interval_estimates(scores, func, reps, seed), data)
+        lines += continual_section(seqs, lambda scores, func: interval_estimates(scores, func, reps, seed), data, reference)
         lines += switch_section(study, data)
     if diagnostics:
         lines += _diagnostics_section(study, diagnostics, reps, seed, data, notes)
@@ -403,6 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", help="method the others are compared with (default: the first)")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
+    parser.add_argument("--fresh-reference", default="reset_all", metavar="METHOD",
+                        help="task sequences: the method whose networks are fresh at every switch, against which "
+                             "plasticity is measured (default: reset_all)")
     parser.add_argument("--diagnostics", nargs="+", default=[], metavar="TAG",
                         help="also tabulate these logged diagnostics' final values per method (IQM with 95 %% CIs), "
                              "e.g. features/critic/stable_rank active/critic/fraction")
@@ -425,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pngs += continual_figures(seqs, method_colors(al.methods), out, _score_name(study))
     cautions = report_warnings(study, al)
     data = write_report(study, al, st, out, baseline, pngs, args.reps, args.dirs, cautions, args.diagnostics, args.seed,
-                        seqs)
+                        seqs, args.fresh_reference)
     for w in cautions:
         print(f"warning: {w}", file=sys.stderr)
     for m, d in data["methods"].items():

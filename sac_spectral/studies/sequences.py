@@ -29,6 +29,8 @@ class Sequences:
     first: dict[str, list[float]] = field(default_factory=dict)
     forgetting: dict[str, list[float]] = field(default_factory=dict)
     plasticity: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    #: method -> (run, seed) -> stage -> the stage's return at its end (scaled)
+    stage_end: dict[str, dict[tuple[Path, int], dict[int, float]]] = field(default_factory=dict)
     #: method -> task -> (run, seed) -> step -> score
     curves: dict[str, dict[str, dict[tuple[Path, int], dict[int, float]]]] = field(default_factory=dict)
     #: method -> task -> the steps of its evaluations in a stage's warm-up
@@ -63,6 +65,10 @@ def read_sequences(study: Study) -> Sequences:
         out.first.setdefault(method, []).extend(v / scale for v in m["first_average"] if v is not None)
         for stage, values in m["plasticity_by_stage"].items():
             out.plasticity.setdefault(method, {}).setdefault(int(stage), []).extend(v for v in values if v is not None)
+        for stage, values in m.get("stage_end", {}).items():
+            for seed, value in zip(m["seeds"], values):
+                if value is not None:
+                    out.stage_end.setdefault(method, {}).setdefault((run, int(seed)), {})[int(stage)] = value / scale
         for task, measured in m["tasks"].items():
             out.warmups.setdefault(method, {}).setdefault(task, set()).update(measured["warmup_steps"])
         score, x = study.kind.score, study.kind.x
@@ -87,19 +93,40 @@ def _cell(values: list[float], point: dict, ci: dict, key: str) -> str:
     return f"{float(point[key][0]):.3g} [{float(ci[key][0][0]):.3g}, {float(ci[key][1][0]):.3g}]"
 
 
-def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any]) -> list[str]:
-    """The markdown table (and ``data["continual"]``) of every method's sequence runs."""
+def fresh_plasticity(seqs: Sequences, reference: str) -> dict[str, list[float]]:
+    """Per method, one value per seed: the mean over the later stages (1, 2, …) of the method's
+    stage-end return divided by ``reference``'s on the same seed and stage (the same tasks,
+    permutations and dynamics: they are drawn from the seed and the stage). The reference learns
+    every stage with fresh networks (``reset_all``), so below 1 a method learns a later stage less
+    well than fresh networks do. Stages where the reference's return is not positive, and seeds the
+    reference did not run, are left out; empty without the reference."""
+    ref = {seed: ends for (_, seed), ends in seqs.stage_end.get(reference, {}).items()}
+    out: dict[str, list[float]] = {}
+    for method, runs in seqs.stage_end.items():
+        for (_, seed), ends in runs.items():
+            ratios = [v / ref[seed][s] for s, v in ends.items() if s > 0 and ref.get(seed, {}).get(s, 0) > 0]
+            if ratios:
+                out.setdefault(method, []).append(sum(ratios) / len(ratios))
+    return out
+
+
+def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any], reference: str = "reset_all") -> list[str]:
+    """The markdown table (and ``data["continual"]``) of every method's sequence runs; with a
+    ``reference`` method among them, plasticity against its fresh networks (:func:`fresh_plasticity`)."""
     if not seqs.final and not seqs.forgetting:
         return []
     methods = list(dict.fromkeys([*seqs.final, *seqs.forgetting, *seqs.plasticity]))
     stages = sorted({s for m in methods for s in seqs.plasticity.get(m, {})})
+    fresh = fresh_plasticity(seqs, reference)
     columns = {"final": seqs.final, "first": seqs.first, "forgetting": seqs.forgetting,
+               **({"plasticity_vs_fresh": fresh} if fresh else {}),
                **{f"plasticity/{s}": {m: seqs.plasticity.get(m, {}).get(s, []) for m in methods} for s in stages}}
     estimates = {}
     for name, values in columns.items():
         arrays = {m: np.array(values.get(m, []), dtype=float).reshape(-1, 1) for m in methods if len(values.get(m, [])) > 1}
         estimates[name] = estimate(arrays, _iqm) if arrays else ({}, {})
-    header = ["final return, mean over tasks", "first stage's return", "forgetting"] + [
+    header = ["final return, mean over tasks", "first stage's return", "forgetting"] + (
+        [f"plasticity vs fresh networks (`{reference}`)"] if fresh else []) + [
         f"plasticity, stage {s}" + ("" if seqs.mixed else f" ({seqs.stages[s]})") for s in stages]
     lines = ["", "## Continual RL: final return, forgetting and plasticity", "",
              "Per seed: the final return averaged over the sequence's tasks; the return at the end of each "
@@ -109,6 +136,10 @@ def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any])
              f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. An evaluation in a stage's "
              "warm-up (before the stage's first update: `warmup` in evals.csv) scores the networks the stage before left "
              "and counts in none of these but the final return. IQM over seeds with 95 % stratified-bootstrap CIs."
+             + (f" Plasticity vs fresh networks: per seed, the mean over later stages of the stage's return at its end "
+                f"divided by `{reference}`'s on the same seed and stage (the same tasks; fresh networks at every switch): "
+                "below 1, the method learns a later stage less well than fresh networks do; it is the primary measure, "
+                "since the ratio to one's own first stage is ill-conditioned where that stage fails." if fresh else "")
              + (" The runs follow different sequences: a stage is each run's own." if seqs.mixed else ""),
              "", "| method | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
     data["continual"] = {}

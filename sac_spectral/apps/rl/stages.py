@@ -10,7 +10,11 @@ From the evaluation rows of a run (``evals.csv``: ``step``, ``seed``, ``task``, 
 - ``plasticity``: per later stage of a task, the return at that stage's end divided by the return
   at the end of the task's first stage (both after ``steps_per_task`` steps of it): below 1, the
   agent learns the task less well than it did when it was new (a loss of plasticity);
-- ``warmup_steps``: the steps of its evaluations in a stage's warm-up.
+- ``warmup_steps``: the steps of its evaluations in a stage's warm-up;
+
+and per stage ``s`` and seed, ``stage_end[s]``: the return of the stage's own task at the stage's
+end (after ``steps_per_task`` steps of it), what the report divides by a fresh-network
+reference's (``reset_all``: the same stages learned by networks re-initialized at every switch).
 
 An evaluation in a stage's warm-up (before the stage's first update, e.g. the random-action steps
 after a cleared buffer) scores the networks the stage before left: it counts for ``final`` only.
@@ -81,6 +85,10 @@ def stage_metrics(rows: Rows, stage_tasks: Sequence[str], steps_per_task: int, s
         out["warmup_steps"] = sorted(out["warmup_steps"])
         by_stage.update(out["plasticity"])
         tasks[task] = out
+    ends = {(task, seed, step): ret for (task, seed), evals in returns.items()
+            for step, (_, ret, warm) in evals.items() if not warm}
+    stage_end = {str(s): [ends.get((task, seed, (s + 1) * steps_per_task)) for seed in seeds]
+                 for s, task in enumerate(stage_tasks)}
     per_seed = list(zip(*(t["final"] for t in tasks.values())))
     forgot = list(zip(*(t["forgetting"] for t in tasks.values())))
     first = list(zip(*(t["first"] for t in tasks.values())))
@@ -89,4 +97,5 @@ def stage_metrics(rows: Rows, stage_tasks: Sequence[str], steps_per_task: int, s
         "final_average": [_mean(v) for v in per_seed], "forgetting_average": [_mean(v) for v in forgot],
         "first_average": [_mean(v) for v in first],
         "plasticity_by_stage": dict(sorted(by_stage.items(), key=lambda kv: int(kv[0]))),
+        "seeds": list(seeds), "stage_end": stage_end,
     }
