@@ -63,8 +63,8 @@ def read_sequences(study: Study) -> Sequences:
         out.first.setdefault(method, []).extend(v / scale for v in m["first_average"] if v is not None)
         for stage, values in m["plasticity_by_stage"].items():
             out.plasticity.setdefault(method, {}).setdefault(int(stage), []).extend(v for v in values if v is not None)
-        for task, measured in m["tasks"].items():
-            out.warmups.setdefault(method, {}).setdefault(task, set()).update(measured["warmup_steps"])
+        for task, measured in m.get("tasks", {}).items():  # a kind's stages may not mark warm-ups
+            out.warmups.setdefault(method, {}).setdefault(task, set()).update(measured.get("warmup_steps", ()))
         score, x = study.kind.score, study.kind.x
         for r in rows:
             if r.get(score) is not None:
