@@ -69,8 +69,8 @@ def read_sequences(study: Study) -> Sequences:
             for seed, value in zip(m["seeds"], values):
                 if value is not None:
                     out.stage_end.setdefault(method, {}).setdefault((run, int(seed)), {})[int(stage)] = value / scale
-        for task, measured in m["tasks"].items():
-            out.warmups.setdefault(method, {}).setdefault(task, set()).update(measured["warmup_steps"])
+        for task, measured in m.get("tasks", {}).items():  # a kind's stages may not mark warm-ups
+            out.warmups.setdefault(method, {}).setdefault(task, set()).update(measured.get("warmup_steps", ()))
         score, x = study.kind.score, study.kind.x
         for r in rows:
             if r.get(score) is not None:
