@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from sac_spectral.agents.engine import Engine, Trained
-from sac_spectral.agents.steps import Metrics
+from sac_spectral.agents.steps import BATCH, Metrics, Noise
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.precision import full
 from sac_spectral.core.optim import make_optimizer
@@ -39,11 +39,13 @@ def make_optimizer_of(cfg: Any, params: list[nn.Parameter] | list[dict[str, Any]
 class ActorCritic(Engine):
     """An engine whose networks are ``actor`` (one member per seed) and ``critic`` (``num_critics``
     per seed), each with an optional target. A subclass builds them in :meth:`networks` (one place,
-    for training and for memory estimates) and calls :meth:`_train_actor_critic`."""
+    for training and for memory estimates) and calls :meth:`_train_actor_critic`. Each update draws
+    the noise of the next-state actions (``next_action``) and of the current ones (``action``)."""
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams) -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.num_critics = cfg.critic.num_critics
+        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim)}
 
     @classmethod
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
@@ -60,11 +62,11 @@ class ActorCritic(Engine):
         self._train({
             "actor": Trained(self.actor, make_optimizer_of(cfg.actor, actor_groups, betas), cfg.actor, 1,
                              lambda b: b["obs"], getattr(self, "target_actor", None),
-                             lambda b, noise: self.actor_losses(b["obs"], noise[1])[0]),
+                             lambda b, noise: self.actor_losses(b["obs"], noise["action"])[0]),
             "critic": Trained(self.critic, make_optimizer_of(cfg.critic, list(self.critic.parameters()), betas), cfg.critic,
                               self.num_critics, lambda b: self.critic_inputs(b["obs"], b["action"]),
                               getattr(self, "target_critic", None),
-                              lambda b, noise: self.critic_losses(b, noise[0])[0].flatten(0, 1)),
+                              lambda b, noise: self.critic_losses(b, noise["next_action"])[0].flatten(0, 1)),
         }, cfg.precision)
 
     def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
@@ -86,12 +88,12 @@ class ActorCritic(Engine):
         """Per-example actor losses ``[N, B]`` (and an auxiliary ``[N, B]``)."""
         raise NotImplementedError
 
-    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """The TD losses and Q-values of an update (its noise ``[rows, N, B, A]``): :meth:`critic_losses`
-        with ``noise[0]`` for the next actions (REDQ and CrossQ also use their update's extras)."""
-        return self.critic_losses(batch, noise[0])
+    def update_td_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """The TD losses and Q-values of an update: :meth:`critic_losses` with the next actions'
+        noise (REDQ and CrossQ also use their update's extras)."""
+        return self.critic_losses(batch, noise["next_action"])
 
-    def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
+    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
         """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`update_td_losses`; metrics: per-seed critic loss
         and mean Q ``[N]``."""
         losses, q = self.update_td_losses(batch, noise)

@@ -40,7 +40,7 @@ from sac_spectral.agents.actor_critic import member_generators
 from sac_spectral.agents.base import register_agent
 from sac_spectral.agents.networks import make_actor
 from sac_spectral.agents.sac import SAC
-from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.agents.steps import Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.nets import ACTIVATIONS, BatchedLayerNorm, BatchedLinear, BatchedNetwork
 from sac_spectral.core.precision import full
@@ -223,9 +223,9 @@ class CrossQ(SAC):
         target = batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q.amin(dim=1) - alpha * next_logp)
         return (q - target.unsqueeze(1)).square(), q
 
-    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def update_td_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """The TD losses of the joint forward with batch statistics, moving the running ones."""
-        return self.critic_losses(batch, noise[0], update=True)
+        return self.critic_losses(batch, noise["next_action"], update=True)
 
     def steps(self, update: int) -> list[NetStep]:
         """The critic step; every ``policy_delay``-th update also the actor and temperature step."""

@@ -14,6 +14,7 @@ the agent (no optimizer step, no power iteration, no ``.grad`` written).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from sac_spectral.agents.plasticity import feature_scalars
 from sac_spectral.agents.replay import distinct_rows
+from sac_spectral.agents.steps import Noise, draw_shapes, per_example, split_draws
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.diagnostics.gradients import METHODS, LossFn
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
@@ -55,28 +57,32 @@ class DiagnosticsConfig:
 
 def probe_batch(
     agent: Agent, buffer: ReplayBuffer, batch_size: int, seeds: Sequence[int], tick: int
-) -> tuple[dict[str, Tensor], Tensor]:
+) -> tuple[dict[str, Tensor], Noise]:
     """``[N, B, ...]`` distinct transitions (``B = min(batch_size, len(buffer))``, drawn without
-    replacement so that no row of the gradient matrix repeats) and ``[rows, N, B, A]`` noise, from
+    replacement so that no row of the gradient matrix repeats) and the noise an update on them
+    draws (:attr:`~sac_spectral.agents.engine.Engine.draws`, each ``[N, *shape]``), from
     generators of their own."""
     if len(buffer) == 0:
         raise RuntimeError("cannot draw a probe batch from an empty replay buffer")
     idx, gens = distinct_rows(buffer, batch_size, seeds, f"diagnostics/{tick}")
-    rows = agent.noise_rows
-    noise = torch.stack([torch.randn((rows, idx.shape[1], agent.act_dim), generator=g, device=g.device) for g in gens], dim=1)
-    return buffer.gather(idx), noise
+    shapes = draw_shapes(agent.draws, idx.shape[1])
+    total = sum(math.prod(shape) for shape in shapes.values())
+    flat = torch.stack([torch.randn((total,), generator=g, device=g.device) for g in gens])
+    return buffer.gather(idx), split_draws(flat, shapes)
 
 
-
-def network_loss(agent: Agent, net: str, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
+def network_loss(agent: Agent, net: str, batch: dict[str, Tensor], noise: Noise) -> tuple[LossFn, dict[str, Tensor]]:
     """Closure ``(module, probe) → [M, B]``: network ``net``'s per-example losses as the agent
-    declares them (:attr:`~sac_spectral.agents.engine.Trained.losses`, with the update's ``noise``
-    ``[rows, N, B, A]``), and its probe (the batch with the noise, every tensor ``[N, B, ·]``)."""
-    probe = {**batch, "noise": noise.movedim(0, 2)}
+    declares them (:attr:`~sac_spectral.agents.engine.Trained.losses`, with the update's named
+    ``noise``), and its probe: the batch with the per-example draws (``noise/<name>``), every tensor
+    ``[N, B, ·]``; the draws of the whole batch (REDQ's subset) are the closure's."""
+    examples = per_example(agent.draws)
+    probe = {**batch, **{f"noise/{name}": noise[name] for name in examples}}
+    shared = {name: v for name, v in noise.items() if name not in examples}
     losses = agent.trained[net].losses
 
     def loss(module: nn.Module, b: dict[str, Tensor]) -> Tensor:
-        return losses(b, b["noise"].movedim(2, 0))
+        return losses(b, {**{name: b[f"noise/{name}"] for name in examples}, **shared})
 
     return loss, probe
 
@@ -87,9 +93,9 @@ def hidden_features(agent: Agent, batch: dict[str, Tensor]) -> dict[str, list[Te
     return {net: list(t.module(t.inputs(batch), return_hidden=True)[1]) for net, t in agent.trained.items()}
 
 
-def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Tensor, cfg: DiagnosticsConfig) -> dict[str, Report]:
+def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Noise, cfg: DiagnosticsConfig) -> dict[str, Report]:
     """``{net: Report}`` for every trained network with per-example losses, on a probe ``batch``
-    ``[N, B, ...]`` with ``noise`` ``[rows, N, B, A]``; values are per member."""
+    ``[N, B, ...]`` with its named ``noise``; values are per member."""
     features = hidden_features(agent, batch)
     out = {}
     for net, t in agent.trained.items():

@@ -11,10 +11,9 @@ Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, o
   ``policy_delay = G`` the actor takes one step per env step, after that step's last critic
   update, as the authors' code does.
 
-The subset of each seed and update comes from the update's noise: a third row of standard
-normals, whose first ``N`` values' ranks are a uniformly random permutation (the first ``M`` of
-it are the subset), so compiled updates draw exactly what eager ones draw. Where a row holds fewer
-than ``N`` normals (``batch_size·|A| < N``), the update draws as many more rows as that takes.
+The subset of each seed and update comes from the update's noise: besides SAC's draws, ``N``
+standard normals (``subset``), whose ranks are a uniformly random permutation (the first ``M`` of
+it are the subset), so compiled updates draw exactly what eager ones draw.
 Steps are sequential (critic step, Polyak step, then actor and temperature on the updated
 critics), as this package's SAC; the authors' code forms the actor's loss before the critics' step.
 
@@ -23,7 +22,6 @@ Run config: ``run_configs/redq.yaml`` (N = 10, M = 2, UTD 20, target entropy −
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +30,7 @@ from torch import Tensor
 
 from sac_spectral.agents.base import register_agent
 from sac_spectral.agents.sac import SAC
-from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.agents.steps import Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.seeding import SeedStreams
 
@@ -58,11 +56,11 @@ def random_subset(noise: Tensor, size: int, of: int) -> Tensor:
 class REDQ(SAC):
     """``len(seeds)`` independent REDQ agents in member-batched networks."""
 
-    noise_rows = 3
     actor_delay = "redq.policy_delay"
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams, device)
+        self.draws["subset"] = (self.num_critics,)
         zeros = torch.zeros(self.num_seeds, device=device)
         self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
 
@@ -92,14 +90,10 @@ class REDQ(SAC):
         q = self.q_values(self.critic, batch["obs"], batch["action"])
         return (q - target.unsqueeze(1)).square(), q
 
-    def update_noise_rows(self, batch_size: int) -> int:
-        """SAC's two rows, then the subset's: one, or as many as hold ``N`` normals when ``B·A < N``."""
-        return 2 + math.ceil(self.num_critics / (batch_size * self.act_dim))
-
-    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """The TD losses on the target of this update's subset (``noise[2:]``, ``noise[2]`` first)."""
-        subset = random_subset(noise[2:].movedim(0, 1), self.cfg.redq.num_min, self.num_critics)
-        return self.critic_losses(batch, noise[0], subset)
+    def update_td_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """The TD losses on the target of this update's subset (drawn from ``noise["subset"]``)."""
+        subset = random_subset(noise["subset"], self.cfg.redq.num_min, self.num_critics)
+        return self.critic_losses(batch, noise["next_action"], subset)
 
     def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic

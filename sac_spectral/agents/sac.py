@@ -38,7 +38,7 @@ from sac_spectral.agents.networks import (
     tanh_gaussian,
     tanh_gaussian_actions,
 )
-from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.agents.steps import Metrics, NetStep, Noise
 from sac_spectral.core.config import check, option
 from sac_spectral.core.seeding import SeedStreams
 
@@ -136,11 +136,11 @@ class SAC(ActorCritic):
         critic), as jaxrl orders them."""
         return [NetStep("critic", self.critic_step, self._polyak), NetStep("actor", self.actor_step)]
 
-    def actor_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
+    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
         """Actor loss ``mean_i ℓ_{n,i}`` plus (when α is learned) the temperature loss ``α(H − H̄)``
-        with the entropy estimate ``H = −mean_i log π``, summed over seeds; ``noise[1]`` samples the
-        actions. Metrics: per-seed actor and temperature losses and entropy ``[N]``."""
-        losses, logp = self.actor_losses(batch["obs"], noise[1])
+        with the entropy estimate ``H = −mean_i log π``, summed over seeds; ``noise["action"]`` samples
+        the actions. Metrics: per-seed actor and temperature losses and entropy ``[N]``."""
+        losses, logp = self.actor_losses(batch["obs"], noise["action"])
         entropy = -logp.detach().mean(dim=-1)
         actor_loss = losses.mean(dim=-1)
         alpha_loss = self.log_alpha.exp() * (entropy - self.target_entropy)

@@ -12,7 +12,9 @@ Error in Actor-Critic Methods"), member-batched.
 Defaults (the authors' code): ``σ̃ = 0.2`` (``td3.policy_noise``), ``c = 0.5`` (``td3.noise_clip``),
 ``d = 2`` (``td3.policy_delay``), ``σ_x = 0.1`` (``td3.exploration_noise``); ``γ``, ``τ``, networks,
 learning rates, batch and regularizers are the run's (``gamma``, ``tau``, ``actor.*``, ``critic.*``).
-Noise ``ε`` comes from each seed's ``sample`` stream (``noise[0]`` of an update; ``noise[1]`` is unused).
+Noise ``ε`` comes from each seed's ``sample`` stream: an update draws ``next_action`` (the smoothing
+noise) and ``action``, which the deterministic actor leaves unused (drawn so that TD3 draws what it
+always has).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch import Tensor, nn
 from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators
 from sac_spectral.agents.base import actor_dims, register_agent
 from sac_spectral.agents.networks import make_critic
-from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.agents.steps import Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, option
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.precision import full
@@ -134,7 +136,7 @@ class TD3(ActorCritic):
             return [critic]
         return [critic, NetStep("actor", self.actor_step, self._polyak)]
 
-    def actor_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
+    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
         """``Σ_n −mean_i Q_1(s_i, μ(s_i))``; metric: the per-seed actor loss."""
-        per_seed = self.actor_losses(batch["obs"], noise[1])[0].mean(dim=-1)
+        per_seed = self.actor_losses(batch["obs"], noise["action"])[0].mean(dim=-1)
         return per_seed.sum(), {"loss/actor": per_seed.detach()}
