@@ -234,7 +234,7 @@ def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
     (loss + agent.trained["critic"].regularizers[0].penalty()).backward()
     agent.precision.collect_grads("critic")
     with torch.autocast("cpu", torch.bfloat16):
-        ref_losses, _ = ref.critic_losses(batch, noise)
+        ref_losses, _ = ref.critic_losses(batch, {"next_action": noise})
     (ref_losses.mean(dim=-1).sum() + ref.trained["critic"].regularizers[0].penalty()).backward()
     for p, q in zip(agent.critic.parameters(), ref.critic.parameters()):
         assert p.grad.dtype == torch.float32
@@ -350,14 +350,14 @@ def test_update_losses_are_the_means_of_the_per_example_losses():
     noise = torch.randn(2, 2, 8, 2, generator=torch.Generator().manual_seed(5))
     actor_before = copy.deepcopy(agent.actor.state_dict())
     with torch.no_grad():
-        critic_ex, _ = agent.critic_losses(batch, noise[0])
+        critic_ex, _ = agent.critic_losses(batch, named_noise(agent, noise))
         alpha = agent.log_alpha.exp()
     info = agent.update(batch, named_noise(agent, noise))
     torch.testing.assert_close(info["loss/critic"], critic_ex.mean(-1).sum(1))
     agent.actor.load_state_dict(actor_before)  # the actor step sees the updated critic, the old actor
     with torch.no_grad():
         agent.log_alpha.copy_(alpha.log())
-        actor_ex, logp = agent.actor_losses(batch["obs"], noise[1])
+        actor_ex, logp = agent.actor_losses(batch, named_noise(agent, noise))
     torch.testing.assert_close(info["loss/actor"], actor_ex.mean(-1))
     torch.testing.assert_close(info["entropy"], -logp.mean(-1))
     torch.testing.assert_close(info["loss/alpha"], alpha * (-logp.mean(-1) - agent.target_entropy))

@@ -56,17 +56,18 @@ class ActorCritic(Engine):
     def _train_actor_critic(self, actor_groups: list[dict[str, Any]] | None = None,
                             betas: tuple[float, float] = (0.9, 0.999)) -> None:
         """Train ``actor`` (``actor_groups``: its parameter groups, its own by default) and ``critic``
-        with their targets where the agent has ``target_actor`` / ``target_critic``."""
+        with their targets where the agent has ``target_actor`` / ``target_critic``, each with its
+        per-example losses (:meth:`actor_losses`, :meth:`critic_losses`: what the steps average)."""
         cfg = self.cfg
         actor_groups = actor_groups or [{"params": list(self.actor.parameters()), "lr": cfg.actor.lr}]
         self._train({
             "actor": Trained(self.actor, make_optimizer_of(cfg.actor, actor_groups, betas), cfg.actor, 1,
                              lambda b: b["obs"], getattr(self, "target_actor", None),
-                             lambda b, noise: self.actor_losses(b["obs"], noise["action"])[0]),
+                             lambda b, noise: self.actor_losses(b, noise)[0]),
             "critic": Trained(self.critic, make_optimizer_of(cfg.critic, list(self.critic.parameters()), betas), cfg.critic,
                               self.num_critics, lambda b: self.critic_inputs(b["obs"], b["action"]),
                               getattr(self, "target_critic", None),
-                              lambda b, noise: self.critic_losses(b, noise["next_action"])[0].flatten(0, 1)),
+                              lambda b, noise: self.critic_losses(b, noise)[0].flatten(0, 1), self.coupled),
         }, cfg.precision)
 
     def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
@@ -80,28 +81,25 @@ class ActorCritic(Engine):
         n, b = obs.shape[:2]
         return full(net(self.critic_inputs(obs, action), detach)).view(n, self.num_critics, b)
 
-    def critic_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``[N, C, B]`` (target held fixed) and the Q-values ``[N, C, B]``."""
         raise NotImplementedError
 
-    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example actor losses ``[N, B]`` (and an auxiliary ``[N, B]``)."""
         raise NotImplementedError
 
-    def update_td_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
-        """The TD losses and Q-values of an update: :meth:`critic_losses` with the next actions'
-        noise (REDQ and CrossQ also use their update's extras)."""
-        return self.critic_losses(batch, noise["next_action"])
-
     def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
-        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`update_td_losses`; metrics: per-seed critic loss
+        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses`; metrics: per-seed critic loss
         and mean Q ``[N]``."""
-        losses, q = self.update_td_losses(batch, noise)
+        losses, q = self.critic_losses(batch, noise)
         per_seed = losses.mean(dim=-1).sum(dim=1)
         return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
 
     #: the config key of the updates between actor steps, for agents that delay them (TD3, REDQ, CrossQ)
     actor_delay: ClassVar[str | None] = None
+    #: whether the critic's per-example losses couple the examples (CrossQ's batch statistics)
+    coupled: ClassVar[bool] = False
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:

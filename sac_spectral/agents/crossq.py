@@ -17,9 +17,13 @@ ICLR 2024), member-batched, on SAC's actor and temperature.
 - The paper's widths and rates are in ``run_configs/crossq.yaml``: critic 2048-2048, actor
   256-256, learning rates 1e-3, target entropy −|A|.
 
+The critic's per-example losses are those of the joint forward with batch statistics, for its
+update and for the gradient-rank diagnostics alike; as batch statistics couple the examples, the
+diagnostics differentiate each example's loss through the whole batch's forward (``jacobian``), and
+only the update moves the running statistics.
+
 Differences from the authors' code: the actor is SAC's MLP without batch normalization (theirs
-normalizes it too); the gradient-rank diagnostics differentiate the critics at their running
-statistics (batch statistics would couple the examples).
+normalizes it too).
 
 The critic follows ``critic.hidden``, ``critic.activation`` (ReLU in the paper; one that keeps the
 width) and ``critic.init``; another ``critic.arch`` and ``critic.layer_norm: true`` are refused in
@@ -72,7 +76,8 @@ class CrossQConfig:
 class BatchRenorm(BatchedLayerNorm):
     """Batch renormalization over the batch axis of ``[M, B, F]``, per member: gain and shift
     ``[M, F]``, running mean and variance ``[M, F]``. It uses the running statistics unless
-    ``batch`` is set, and moves them only when ``update`` is set too (:func:`batch_statistics`).
+    ``batch`` is set (:func:`batch_statistics`), and moves them only when ``update`` is set too
+    (:func:`moving_statistics`).
     It computes in fp32 whatever its input (``precision=bf16``: a bf16 layer's output), as the
     other norms keep their parameters, so the running statistics stay fp32."""
 
@@ -107,17 +112,25 @@ class BatchRenorm(BatchedLayerNorm):
 
 
 @contextlib.contextmanager
-def batch_statistics(net: nn.Module, update: bool) -> Iterator[None]:
-    """Inside: ``net``'s batch renormalization uses batch statistics (and moves its running ones
-    if ``update``)."""
+def _renorm_flag(net: nn.Module, flag: str) -> Iterator[None]:
     layers = [m for m in net.modules() if isinstance(m, BatchRenorm)]
     for m in layers:
-        m.batch, m.update = True, update
+        setattr(m, flag, True)
     try:
         yield
     finally:
         for m in layers:
-            m.batch = m.update = False
+            setattr(m, flag, False)
+
+
+def batch_statistics(net: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Inside: ``net``'s batch renormalization uses batch statistics."""
+    return _renorm_flag(net, "batch")
+
+
+def moving_statistics(net: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Inside: ``net``'s batch renormalization moves its running statistics where it uses batch ones."""
+    return _renorm_flag(net, "update")
 
 
 class RenormMLP(BatchedNetwork):
@@ -172,6 +185,7 @@ class CrossQ(SAC):
 
     compiles = False
     actor_delay = "crossq.policy_delay"
+    coupled = True
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams, device)
@@ -202,30 +216,25 @@ class CrossQ(SAC):
                             betas: tuple[float, float] = (0.9, 0.999)) -> None:
         super()._train_actor_critic(actor_groups, (self.cfg.crossq.adam_beta1, betas[1]))
 
-    def critic_losses(self, batch: Metrics, noise: Tensor, update: bool = False) -> tuple[Tensor, Tensor]:
-        """Per-example TD losses ``[N, C, B]`` and Q-values. With ``update`` (the critic step): one
-        forward of ``(s, a)`` and ``(s′, a′)`` with batch statistics, moving the running ones. Without
-        (diagnostics): at the running statistics, where examples do not interact, ``(s′, a′)`` apart."""
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` and Q-values of one forward of ``(s, a)`` and
+        ``(s′, a′)`` with batch statistics (``a′`` by ``noise["next_action"]``), the target held fixed."""
         n, b = batch["obs"].shape[:2]
         with torch.no_grad():
-            next_action, next_logp = self.policy(batch["next_obs"], noise)
-        if update:
-            x = torch.cat([self.critic_inputs(batch["obs"], batch["action"]),
-                           self.critic_inputs(batch["next_obs"], next_action)], dim=1)
-            with batch_statistics(self.critic, update=True):
-                both = self.critic(x).view(n, self.num_critics, 2 * b)
-            q, next_q = both[..., :b], both[..., b:].detach()
-        else:
-            q = self.q_values(self.critic, batch["obs"], batch["action"])
-            with torch.no_grad():
-                next_q = self.q_values(self.critic, batch["next_obs"], next_action)
+            next_action, next_logp = self.policy(batch["next_obs"], noise["next_action"])
+        x = torch.cat([self.critic_inputs(batch["obs"], batch["action"]),
+                       self.critic_inputs(batch["next_obs"], next_action)], dim=1)
+        with batch_statistics(self.critic):
+            both = self.critic(x).view(n, self.num_critics, 2 * b)
+        q, next_q = both[..., :b], both[..., b:].detach()
         alpha = self.log_alpha.detach().exp().unsqueeze(-1)
         target = batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q.amin(dim=1) - alpha * next_logp)
         return (q - target.unsqueeze(1)).square(), q
 
-    def update_td_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
-        """The TD losses of the joint forward with batch statistics, moving the running ones."""
-        return self.critic_losses(batch, noise["next_action"], update=True)
+    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """SAC's critic step on :meth:`critic_losses`, moving the running statistics."""
+        with moving_statistics(self.critic):
+            return super().critic_step(batch, noise)
 
     def steps(self, update: int) -> list[NetStep]:
         """The critic step; every ``policy_delay``-th update also the actor and temperature step."""

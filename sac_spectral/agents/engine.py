@@ -53,8 +53,9 @@ class Trained:
     config section (``regularizers`` specs, ``activation``), its input for a training batch
     (``inputs(batch) → [M, B, ·]``: what interventions probe, input statistics observe and
     diagnostics measure features on), the target network that follows it, if any, and its
-    per-example losses for the gradient-rank diagnostics (``losses(batch, noise) → [M, B]``, noise
-    by name: what the update averages). The engine adds the built regularizers."""
+    per-example losses (``losses(batch, noise) → [M, B]``, noise by name: what its update averages
+    and the gradient-rank diagnostics differentiate; ``coupled`` where one example's loss depends on
+    the others', through batch statistics). The engine adds the built regularizers."""
 
     module: BatchedNetwork
     optimizer: torch.optim.Optimizer
@@ -63,6 +64,7 @@ class Trained:
     inputs: Callable[[Metrics], Tensor]
     target: BatchedNetwork | None = None
     losses: Callable[[Metrics, Noise], Tensor] | None = None
+    coupled: bool = False
     regularizers: list[Regularizer] = field(default_factory=list)
 
 

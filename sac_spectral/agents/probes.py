@@ -3,8 +3,12 @@ batch, the config section.
 
 The losses are each network's own per-example losses as the agent declares them in its table
 (:attr:`~sac_spectral.agents.engine.Trained.losses`: for the actor-critic agents the TD loss of
-every critic member, target held fixed, and SAC's ``α log π − min Q``, TD3's ``−Q_1``, on detached
-critics), so the diagnostics differentiate exactly what the update minimizes (it takes their means).
+every critic member, target held fixed — REDQ's on its update's random subset, CrossQ's in its
+joint forward with batch statistics — and SAC's ``α log π − min Q``, TD3's ``−Q_1``, on detached
+critics), with the noise an update draws, so the diagnostics differentiate exactly what the update
+minimizes (it takes their means). Where the losses couple the examples (``Trained.coupled``:
+CrossQ's batch statistics) the gradients are the ``jacobian`` method's, each example's loss
+through the whole batch's forward.
 
 The probe batch and its noise come from generators seeded by ``derive_seed(seed, "diagnostics/<k>")``
 for the ``k``-th update count: the agent's own random streams and the global torch generator are
@@ -102,7 +106,8 @@ def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Noise, cfg:
         if t.losses is None:
             continue
         loss, probe = network_loss(agent, net, batch, noise)
-        rep = network_diagnostics(t.module, loss, probe, net, features[net], cfg.tau, example_dim=1, method=cfg.method,
+        method = "jacobian" if t.coupled else cfg.method
+        rep = network_diagnostics(t.module, loss, probe, net, features[net], cfg.tau, example_dim=1, method=method,
                                   rtol=cfg.rtol, per_layer=cfg.per_layer)
         rep.scalars.update(feature_scalars(agent, net, features[net], t.inputs(batch), None, t.cfg.activation))
         if not cfg.histograms:

@@ -71,12 +71,10 @@ class REDQ(SAC):
         n, m = cfg.critic.num_critics, cfg.redq.num_min
         check(m <= n, "redq.num_min", f"must be <= critic.num_critics ({n}): the target's subset is drawn from the ensemble, got {m}")
 
-    def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor | None = None) -> Tensor:
-        """``[N, B]`` target on the minimum of the critics in ``subset`` ``[N, M]`` (drawn from
-        ``noise`` when not given, as the diagnostics' probes do)."""
+    def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor) -> Tensor:
+        """``[N, B]`` target on the minimum of the critics in ``subset`` ``[N, M]``, next actions by
+        ``noise [N, B, A]``."""
         with torch.no_grad():
-            if subset is None:
-                subset = random_subset(noise, self.cfg.redq.num_min, self.num_critics)
             next_obs = batch["next_obs"]
             next_action, next_logp = self.policy(next_obs, noise)
             next_q = self.q_values(self.target_critic, next_obs, next_action)
@@ -84,21 +82,19 @@ class REDQ(SAC):
             alpha = self.log_alpha.exp().unsqueeze(-1)
             return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
 
-    def critic_losses(self, batch: Metrics, noise: Tensor, subset: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Per-example TD losses ``[N, C, B]`` of every critic against the subset's target, and the Q-values."""
-        target = self.critic_target(batch, noise, subset)
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` of every critic against the target of this update's
+        subset (drawn from ``noise["subset"]``), and the Q-values."""
+        subset = random_subset(noise["subset"], self.cfg.redq.num_min, self.num_critics)
+        target = self.critic_target(batch, noise["next_action"], subset)
         q = self.q_values(self.critic, batch["obs"], batch["action"])
         return (q - target.unsqueeze(1)).square(), q
 
-    def update_td_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
-        """The TD losses on the target of this update's subset (drawn from ``noise["subset"]``)."""
-        subset = random_subset(noise["subset"], self.cfg.redq.num_min, self.num_critics)
-        return self.critic_losses(batch, noise["next_action"], subset)
-
-    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic
         weights, and ``log π``."""
-        action, logp = self.policy(obs, noise)
+        obs = batch["obs"]
+        action, logp = self.policy(obs, noise["action"])
         q_pi = self.q_values(self.critic, obs, action, detach=True).mean(dim=1)
         return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 

@@ -114,19 +114,20 @@ class SAC(ActorCritic):
         alpha = self.log_alpha.exp().unsqueeze(-1)
         return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
 
-    def critic_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``ℓ_{n,j,i} = (Q_{n,j}(s_i, a_i) − y_{n,i})²`` ``[N, C, B]`` with the
-        target ``y`` (:meth:`critic_target`, next-state ``noise [N, B, A]``) held fixed, and the
+        target ``y`` (:meth:`critic_target` on ``noise["next_action"]``) held fixed, and the
         Q-values ``[N, C, B]``."""
-        target = self.critic_target(batch, noise)
+        target = self.critic_target(batch, noise["next_action"])
         q = self.q_values(self.critic, batch["obs"], batch["action"])
         return (q - target.unsqueeze(1)).square(), q
 
-    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example actor losses ``ℓ_{n,i} = α_n log π_n(ã_i|s_i) − min_j Q_{n,j}(s_i, ã_i)`` ``[N, B]``
         on critics whose weights are detached (no critic weight gradients are built; α is a
-        constant here), with ``ã_i`` reparameterized by ``noise [N, B, A]``, and ``log π`` ``[N, B]``."""
-        action, logp = self.policy(obs, noise)
+        constant here), with ``ã_i`` reparameterized by ``noise["action"]``, and ``log π`` ``[N, B]``."""
+        obs = batch["obs"]
+        action, logp = self.policy(obs, noise["action"])
         q_pi = self.q_values(self.critic, obs, action, detach=True).amin(dim=1)
         return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 
@@ -138,9 +139,9 @@ class SAC(ActorCritic):
 
     def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
         """Actor loss ``mean_i ℓ_{n,i}`` plus (when α is learned) the temperature loss ``α(H − H̄)``
-        with the entropy estimate ``H = −mean_i log π``, summed over seeds; ``noise["action"]`` samples
-        the actions. Metrics: per-seed actor and temperature losses and entropy ``[N]``."""
-        losses, logp = self.actor_losses(batch["obs"], noise["action"])
+        with the entropy estimate ``H = −mean_i log π``, summed over seeds. Metrics: per-seed actor
+        and temperature losses and entropy ``[N]``."""
+        losses, logp = self.actor_losses(batch, noise)
         entropy = -logp.detach().mean(dim=-1)
         actor_loss = losses.mean(dim=-1)
         alpha_loss = self.log_alpha.exp() * (entropy - self.target_entropy)

@@ -115,14 +115,16 @@ class TD3(ActorCritic):
         next_q = self.q_values(self.target_critic, batch["next_obs"], next_action).amin(dim=1)
         return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * next_q
 
-    def critic_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-example TD losses ``[N, C, B]`` (target held fixed) and the Q-values ``[N, C, B]``."""
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` (target held fixed, smoothed by ``noise["next_action"]``)
+        and the Q-values ``[N, C, B]``."""
         q = self.q_values(self.critic, batch["obs"], batch["action"])
-        return (q - self.critic_target(batch, noise).unsqueeze(1)).square(), q
+        return (q - self.critic_target(batch, noise["next_action"]).unsqueeze(1)).square(), q
 
-    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example actor losses ``−Q_1(s_i, μ(s_i))`` ``[N, B]`` on detached critic weights, and
-        the actions' mean absolute value ``[N, B]`` (``noise`` is unused: the actor is deterministic)."""
+        the actions' mean absolute value ``[N, B]`` (no noise: the actor is deterministic)."""
+        obs = batch["obs"]
         action = torch.tanh(full(self.actor(obs)))
         q1 = self.q_values(self.critic, obs, action, detach=True)[:, 0]
         return -q1, action.detach().abs().mean(dim=-1)
@@ -138,5 +140,5 @@ class TD3(ActorCritic):
 
     def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
         """``Σ_n −mean_i Q_1(s_i, μ(s_i))``; metric: the per-seed actor loss."""
-        per_seed = self.actor_losses(batch["obs"], noise["action"])[0].mean(dim=-1)
+        per_seed = self.actor_losses(batch, noise)[0].mean(dim=-1)
         return per_seed.sum(), {"loss/actor": per_seed.detach()}
