@@ -9,6 +9,7 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from conftest import named_noise
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
+from sac_spectral.agents.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer
 
@@ -342,6 +343,23 @@ def test_networks_are_initialized_as_in_rl_with_resets():
     torch.testing.assert_close(s, torch.ones_like(s))
     assert [tuple(h.weight.shape) for h in agent.actor.heads] == [(1, 2, 16), (1, 2, 16)]
     assert all(torch.count_nonzero(p) == 0 for n, p in agent.named_parameters() if n.endswith("bias"))
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_the_critics_head_width_is_the_agents(width):
+    """An agent's declared ``critic_width`` shapes its critic's head, its ``q_values``
+    (``[N, C, B]`` for a scalar head, ``[N, C, B, W]`` otherwise) and its memory estimate."""
+    wide = type("Wide", (SAC,), {"critic_width": width})
+    cfg = TrainConfig(num_seeds=2)
+    cfg.actor.hidden = cfg.critic.hidden = [16, 16]
+    agent = wide(5, 2, cfg, SeedStreams([0, 1]))
+    assert agent.critic.heads[0].weight.shape == agent.target_critic.heads[0].weight.shape == (4, width, 16)
+    batch = random_batch(n=2)
+    q = agent.q_values(agent.critic, batch["obs"], batch["action"])
+    assert q.shape == (2, 2, 8) + ((width,) if width > 1 else ())
+    part = "a batch's transitions and activations"
+    grown = wide.memory_estimate(cfg, 5, 2)[part] - SAC.memory_estimate(cfg, 5, 2)[part]
+    assert grown == 4 * 2 * 2 * 2 * cfg.batch_size * 4 * (width - 1)  # fp32 · 2 · N · C · B · 4 per unit
 
 
 def test_update_losses_are_the_means_of_the_per_example_losses():

@@ -29,6 +29,12 @@ def member_generators(streams: SeedStreams | None, members: int) -> list[torch.G
     return None if streams is None else [g for g in streams["init"] for _ in range(members)]
 
 
+def head_shape(width: int) -> tuple[int, ...]:
+    """A critic head's outputs per example and critic as a shape: ``()`` for a scalar Q (``width`` 1),
+    ``(width,)`` otherwise."""
+    return () if width == 1 else (width,)
+
+
 def make_optimizer_of(cfg: Any, params: list[nn.Parameter] | list[dict[str, Any]], betas: tuple[float, float] = (0.9, 0.999)
                       ) -> torch.optim.Optimizer:
     """Adam, or AdamW (decoupled decay) when the network's ``weight_decay > 0``, with fused kernels."""
@@ -77,9 +83,11 @@ class ActorCritic(Engine):
         return x.reshape(n * self.num_critics, b, -1)
 
     def q_values(self, net: BatchedNetwork, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
-        """``[N, num_critics, B]`` Q-values of ``obs, action: [N, B, ·]``."""
+        """The critic heads' outputs ``[N, num_critics, B, *head]`` for ``obs, action: [N, B, ·]``
+        (:func:`head_shape` of :attr:`critic_width`: Q-values ``[N, C, B]`` for a scalar head)."""
         n, b = obs.shape[:2]
-        return full(net(self.critic_inputs(obs, action), detach)).view(n, self.num_critics, b)
+        out = full(net(self.critic_inputs(obs, action), detach))
+        return out.view(n, self.num_critics, b, *head_shape(self.critic_width))
 
     def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``[N, C, B]`` (target held fixed) and the Q-values ``[N, C, B]``."""
@@ -100,6 +108,8 @@ class ActorCritic(Engine):
     actor_delay: ClassVar[str | None] = None
     #: whether the critic's per-example losses couple the examples (CrossQ's batch statistics)
     coupled: ClassVar[bool] = False
+    #: the critic head's outputs per example (1: a scalar Q); :meth:`networks` builds the critic with it
+    critic_width: ClassVar[int] = 1
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -139,7 +149,7 @@ class ActorCritic(Engine):
         counts = {k: sum(p.numel() for p in net.parameters()) for k, net in nets.items()}
         networks = sum(v * (ADAM_COPIES + parameter_copies(getattr(cfg, k).regularizers)) if not k.startswith("target")
                        else v for k, v in counts.items())
-        critic_sizes = [obs_dim + act_dim, *cfg.critic.hidden, 1]
+        critic_sizes = [obs_dim + act_dim, *cfg.critic.hidden, sum(nets["critic"].out_dims)]
         actor_sizes = [obs_dim, *cfg.actor.hidden, sum(nets["actor"].out_dims)]
         parts = {
             "replay buffer": FLOAT32 * n * cfg.buffer_size * transition,

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.actor_critic import member_generators
+from sac_spectral.agents.actor_critic import head_shape, member_generators
 from sac_spectral.agents.base import register_agent
 from sac_spectral.agents.networks import make_actor
 from sac_spectral.agents.sac import SAC
@@ -134,23 +134,24 @@ def moving_statistics(net: nn.Module) -> contextlib.AbstractContextManager[None]
 
 
 class RenormMLP(BatchedNetwork):
-    """``M`` MLPs ``BRN → [Linear → activation → BRN] × k → Linear`` (``init``: orthogonal with gain
-    √2, or torch's); the activation keeps the width (:data:`ACTIVATIONS`' multiplier 1)."""
+    """``M`` MLPs ``BRN → [Linear → activation → BRN] × k → Linear`` to ``width`` outputs (``init``:
+    orthogonal with gain √2, or torch's); the activation keeps the width (:data:`ACTIVATIONS`'
+    multiplier 1)."""
 
     def __init__(self, members: int, in_dim: int, hidden: list[int], opts: CrossQConfig, activation: str = "relu",
-                 init: str = "orthogonal", generators: list[torch.Generator] | None = None) -> None:
+                 init: str = "orthogonal", generators: list[torch.Generator] | None = None, width: int = 1) -> None:
         super().__init__()
         self._act, width_mult = ACTIVATIONS[activation]
         if width_mult != 1:
             raise ValueError(f"batch renormalization keeps each hidden layer's width; '{activation}' changes it")
         gens = per_member(generators, members)
-        self.members, self.in_dim, self.out_dims = members, in_dim, (1,)
+        self.members, self.in_dim, self.out_dims = members, in_dim, (width,)
         self.in_norm = BatchRenorm(members, in_dim, opts)
         dims = [in_dim, *hidden]
         self.layers = nn.ModuleList(BatchedLinear(members, a, b, init=init, gain=_GAIN, generators=gens)
                                     for a, b in zip(dims, hidden))
         self.norms = nn.ModuleList(BatchRenorm(members, h, opts) for h in hidden)
-        self.heads = nn.ModuleList([BatchedLinear(members, dims[-1], 1, init=init, gain=_GAIN, generators=gens)])
+        self.heads = nn.ModuleList([BatchedLinear(members, dims[-1], width, init=init, gain=_GAIN, generators=gens)])
 
     def output_layers(self) -> list[nn.Module]:
         return list(self.heads)
@@ -198,7 +199,7 @@ class CrossQ(SAC):
         actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         c = cfg.critic
         critic = RenormMLP(members * c.num_critics, obs_dim + act_dim, list(c.hidden), cfg.crossq, c.activation, c.init,
-                           member_generators(streams, c.num_critics))
+                           member_generators(streams, c.num_critics), cls.critic_width)
         return {"actor": actor, "critic": critic}
 
     @classmethod
@@ -225,8 +226,8 @@ class CrossQ(SAC):
         x = torch.cat([self.critic_inputs(batch["obs"], batch["action"]),
                        self.critic_inputs(batch["next_obs"], next_action)], dim=1)
         with batch_statistics(self.critic):
-            both = self.critic(x).view(n, self.num_critics, 2 * b)
-        q, next_q = both[..., :b], both[..., b:].detach()
+            both = self.critic(x).view(n, self.num_critics, 2 * b, *head_shape(self.critic_width))
+        q, next_q = both[:, :, :b], both[:, :, b:].detach()
         alpha = self.log_alpha.detach().exp().unsqueeze(-1)
         target = batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q.amin(dim=1) - alpha * next_logp)
         return (q - target.unsqueeze(1)).square(), q

@@ -56,11 +56,13 @@ def actor_mean_log_std(actor: BatchedNetwork, obs: Tensor, cfg: ActorConfig) -> 
 
 
 def make_critic(
-    members: int, obs_dim: int, act_dim: int, cfg: CriticConfig, generators: list[torch.Generator] | None = None
+    members: int, obs_dim: int, act_dim: int, cfg: CriticConfig, generators: list[torch.Generator] | None = None,
+    width: int = 1,
 ) -> BatchedNetwork:
-    """``members`` Q-networks ``(obs, action) → Q`` (every layer gain √2)."""
-    return make_network(cfg.arch, members, obs_dim + act_dim, cfg.hidden, 1, cfg.activation, cfg.layer_norm, cfg.init,
-                        out_gains=_GAIN, generators=generators)
+    """``members`` Q-networks ``(obs, action) →`` a head of ``width`` outputs (1: the scalar Q;
+    every layer gain √2)."""
+    return make_network(cfg.arch, members, obs_dim + act_dim, cfg.hidden, width, cfg.activation, cfg.layer_norm,
+                        cfg.init, out_gains=_GAIN, generators=generators)
 
 
 def tanh_gaussian_actions(cfg: ActorConfig, actor: BatchedNetwork, obs: Tensor, noise: Tensor | None) -> Tensor:

@@ -84,7 +84,7 @@ class SAC(ActorCritic):
                  streams: SeedStreams | None = None) -> dict[str, nn.Module]:
         actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
-                             member_generators(streams, cfg.critic.num_critics))
+                             member_generators(streams, cfg.critic.num_critics), cls.critic_width)
         return {"actor": actor, "critic": critic, "target_critic": copy.deepcopy(critic).requires_grad_(False)}
 
     @classmethod
