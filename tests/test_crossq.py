@@ -173,7 +173,8 @@ def test_bf16_updates_keep_fp32_running_statistics_and_follow_fp32():
         cfg = _config()
         cfg.precision = precision
         agents[precision] = agent = CrossQ(OBS, ACT, cfg, SeedStreams([3]))
-        losses[precision] = torch.stack([agent.update(batch, named_noise(agent, noise))["loss/critic"] for batch, noise in data])
+        losses[precision] = torch.stack([agent.update(batch, named_noise(agent, noise))["loss/critic"]
+                                         for batch, noise in data])
     norms = [m for m in agents["bf16"].critic.modules() if isinstance(m, BatchRenorm)]
     assert all(m.running_mean.dtype == m.running_var.dtype == torch.float32 for m in norms)
     assert int(norms[0].steps) == 3 and agents["bf16"].log_alpha.item() != math.log(_config().alpha.init)

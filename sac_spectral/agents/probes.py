@@ -97,7 +97,8 @@ def hidden_features(agent: Agent, batch: dict[str, Tensor]) -> dict[str, list[Te
     return {net: list(t.module(t.inputs(batch), return_hidden=True)[1]) for net, t in agent.trained.items()}
 
 
-def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Noise, cfg: DiagnosticsConfig) -> dict[str, Report]:
+def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Noise,
+                      cfg: DiagnosticsConfig) -> dict[str, Report]:
     """``{net: Report}`` for every trained network with per-example losses, on a probe ``batch``
     ``[N, B, ...]`` with its named ``noise``; values are per member."""
     features = hidden_features(agent, batch)

@@ -1,5 +1,6 @@
 """Randomized Ensembled Double Q-learning (REDQ; Chen, Wang, Zhou & Ross, "Randomized Ensembled
-Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, on SAC's networks.
+Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, on SAC's networks,
+policy and temperature (:mod:`~sac_spectral.agents.networks`).
 
 - An ensemble of ``N = critic.num_critics`` Q-networks (10 in the paper) with target copies.
 - Target with a random subset ``𝓜`` of ``M = redq.num_min`` (2) of them, drawn anew every update:
@@ -22,15 +23,28 @@ Run config: ``run_configs/redq.yaml`` (N = 10, M = 2, UTD 20, target entropy −
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from sac_spectral.agents.base import register_agent
-from sac_spectral.agents.sac import SAC
-from sac_spectral.agents.steps import Metrics, NetStep, Noise
+from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators, td_step, td_target
+from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.networks import (
+    actor_groups,
+    actor_mean_log_std,
+    make_actor,
+    make_critic,
+    reset_temperature,
+    soft_actor_step,
+    tanh_gaussian,
+    tanh_gaussian_actions,
+    temperature,
+)
+from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.seeding import SeedStreams
 
@@ -53,16 +67,40 @@ def random_subset(noise: Tensor, size: int, of: int) -> Tensor:
 
 
 @register_agent("redq", config=REDQConfig)
-class REDQ(SAC):
+class REDQ(ActorCritic):
     """``len(seeds)`` independent REDQ agents in member-batched networks."""
 
+    sections = ("alpha",)  # SAC's temperature options
     actor_delay = "redq.policy_delay"
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
-        super().__init__(obs_dim, act_dim, cfg, streams, device)
-        self.draws["subset"] = (self.num_critics,)
+        super().__init__(obs_dim, act_dim, cfg, streams)
+        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim), "subset": (self.num_critics,)}
+        self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
+        nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
+        self.actor, self.critic, self.target_critic = nets["actor"], nets["critic"], nets["target_critic"]
+        self.log_alpha = temperature(self.num_seeds, cfg.alpha.init, cfg.alpha.learn)
+        self.to(device)
+        self._train_actor_critic(actor_groups(self.actor, self.log_alpha, cfg.actor.lr, cfg.alpha.lr))
+        self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
+        self._polyak = self.polyak("critic")
         zeros = torch.zeros(self.num_seeds, device=device)
         self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
+
+    @classmethod
+    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
+        actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
+        critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
+                             member_generators(streams, cfg.critic.num_critics), cls.critic_width)
+        return {"actor": actor, "critic": critic, "target_critic": copy.deepcopy(critic).requires_grad_(False)}
+
+    @classmethod
+    def export_policy(cls, cfg: Any, actor_state: dict[str, Tensor]) -> nn.Module:
+        members, obs_dim, act_dim = actor_dims(actor_state)
+        actor = make_actor(members, obs_dim, act_dim, cfg.actor)
+        actor.load_state_dict(actor_state)
+        return ExportedPolicy(actor, functools.partial(tanh_gaussian_actions, cfg.actor), act_dim)
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -71,16 +109,20 @@ class REDQ(SAC):
         n, m = cfg.critic.num_critics, cfg.redq.num_min
         check(m <= n, "redq.num_min", f"must be <= critic.num_critics ({n}): the target's subset is drawn from the ensemble, got {m}")
 
+    # ----------------------------------------------------------------------------- losses
+    def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
+        return tanh_gaussian(*actor_mean_log_std(self.actor, obs, self.cfg.actor), noise)
+
+    @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor) -> Tensor:
-        """``[N, B]`` target on the minimum of the critics in ``subset`` ``[N, M]``, next actions by
-        ``noise [N, B, A]``."""
-        with torch.no_grad():
-            next_obs = batch["next_obs"]
-            next_action, next_logp = self.policy(next_obs, noise)
-            next_q = self.q_values(self.target_critic, next_obs, next_action)
-            next_q = next_q.gather(1, subset.unsqueeze(-1).expand(-1, -1, next_q.shape[-1])).amin(dim=1)
-            alpha = self.log_alpha.exp().unsqueeze(-1)
-            return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
+        """``[N, B]`` target on the minimum of the target critics in ``subset`` ``[N, M]``, next
+        actions by ``noise [N, B, A]``."""
+        next_obs = batch["next_obs"]
+        next_action, next_logp = self.policy(next_obs, noise)
+        next_q = self.q_values(self.target_critic, next_obs, next_action)
+        next_q = next_q.gather(1, subset.unsqueeze(-1).expand(-1, -1, next_q.shape[-1])).amin(dim=1)
+        return td_target(batch, next_q - self.log_alpha.exp().unsqueeze(-1) * next_logp, self.cfg.gamma)
 
     def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``[N, C, B]`` of every critic against the target of this update's
@@ -92,14 +134,35 @@ class REDQ(SAC):
 
     def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic
-        weights, and ``log π``."""
+        weights, with ``ã_i`` by ``noise["action"]``, and ``log π``."""
         obs = batch["obs"]
         action, logp = self.policy(obs, noise["action"])
         q_pi = self.q_values(self.critic, obs, action, detach=True).mean(dim=1)
         return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 
+    # ----------------------------------------------------------------------------- the update
     def steps(self, update: int) -> list[NetStep]:
         """The critic step and the Polyak step; every ``policy_delay``-th update also the actor and
         temperature step."""
         critic = NetStep("critic", self.critic_step, self._polyak)
         return [critic] if update % self.cfg.redq.policy_delay else [critic, NetStep("actor", self.actor_step)]
+
+    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses`; metrics: critic loss and mean Q."""
+        return td_step(*self.critic_losses(batch, noise))
+
+    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """Actor loss ``mean_i ℓ_{n,i}`` of :meth:`actor_losses` plus the temperature loss, as SAC's."""
+        losses, logp = self.actor_losses(batch, noise)
+        return soft_actor_step(losses, logp, self.log_alpha, self.target_entropy, self.cfg.alpha.learn)
+
+    # ----------------------------------------------------------------------------- resets and metrics
+    def reset(self, last: int | None = None) -> None:
+        """The engine's reset; a full one also resets α and its Adam state."""
+        if last is None:
+            reset_temperature(self.log_alpha, self.trained["actor"].optimizer, self.cfg.alpha.init)
+        super().reset(last)
+
+    def metrics(self) -> Metrics:
+        """Per-seed ``[N]`` temperature and regularizer metrics."""
+        return {"alpha": self.log_alpha.detach().exp(), **super().metrics()}
