@@ -28,7 +28,6 @@ again (TD3's delayed ``loss/actor``), and are checkpointed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -38,7 +37,17 @@ from torch import Tensor, nn
 
 from sac_spectral.agents.compiled import Compiled
 from sac_spectral.agents.replay import ReplayBuffer
-from sac_spectral.agents.steps import Draws, Metrics, NetStep, Noise, Segment, draw_shapes, intervenes, split_draws
+from sac_spectral.agents.steps import (
+    Draws,
+    Metrics,
+    NetStep,
+    Noise,
+    Segment,
+    draw_shapes,
+    draw_size,
+    intervenes,
+    split_draws,
+)
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.precision import make_precision
 from sac_spectral.core.reinit import reset_layers
@@ -200,7 +209,7 @@ class Engine(nn.Module):
         *shape]`` in :func:`row_major` strides: from each seed's ``sample`` stream, update after
         update, and within one the names of :attr:`draws` one after another."""
         shapes = draw_shapes(self.draws, batch_size)
-        flat = self.streams.randn("sample", (count, sum(math.prod(s) for s in shapes.values())))
+        flat = self.streams.randn("sample", (count, draw_size(shapes)))
         return {name: row_major(v.transpose(0, 1)) for name, v in split_draws(flat, shapes).items()}
 
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int,

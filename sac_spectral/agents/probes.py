@@ -18,7 +18,6 @@ the agent (no optimizer step, no power iteration, no ``.grad`` written).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,7 +27,7 @@ from torch import Tensor, nn
 
 from sac_spectral.agents.plasticity import feature_scalars
 from sac_spectral.agents.replay import distinct_rows
-from sac_spectral.agents.steps import Noise, draw_shapes, per_example, split_draws
+from sac_spectral.agents.steps import Noise, draw_shapes, draw_size, per_example, split_draws
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.diagnostics.gradients import METHODS, LossFn
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
@@ -70,8 +69,7 @@ def probe_batch(
         raise RuntimeError("cannot draw a probe batch from an empty replay buffer")
     idx, gens = distinct_rows(buffer, batch_size, seeds, f"diagnostics/{tick}")
     shapes = draw_shapes(agent.draws, idx.shape[1])
-    total = sum(math.prod(shape) for shape in shapes.values())
-    flat = torch.stack([torch.randn((total,), generator=g, device=g.device) for g in gens])
+    flat = torch.stack([torch.randn((draw_size(shapes),), generator=g, device=g.device) for g in gens])
     return buffer.gather(idx), split_draws(flat, shapes)
 
 

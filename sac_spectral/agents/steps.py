@@ -36,6 +36,11 @@ def per_example(draws: Draws) -> list[str]:
     return [name for name, shape in draws.items() if shape[:1] == (BATCH,)]
 
 
+def draw_size(shapes: dict[str, tuple[int, ...]]) -> int:
+    """How many standard normals one update of one seed draws for ``shapes``."""
+    return sum(math.prod(shape) for shape in shapes.values())
+
+
 def split_draws(flat: Tensor, shapes: dict[str, tuple[int, ...]]) -> Noise:
     """``flat [..., total]`` standard normals as named draws: consecutive slices, in the order of
     ``shapes``, each ``[..., *shape]``."""
