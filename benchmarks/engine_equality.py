@@ -21,6 +21,7 @@ import torch
 
 from sac_spectral.agents import AGENTS
 from sac_spectral.agents.config import TrainConfig
+from sac_spectral.agents.steps import Draws, draw_shapes
 from sac_spectral.core.seeding import SeedStreams
 
 INTERVENTIONS = {
@@ -44,20 +45,22 @@ def make(agent: str, intervention: str, device: str, hidden: int, compile_: bool
     return AGENTS[agent](5, 2, cfg, SeedStreams(list(range(seeds)), device=device), device)
 
 
-def batches(count: int, rows: int, seeds: int, batch: int, device: str):
+def batches(count: int, draws: Draws, seeds: int, batch: int, device: str):
+    """``count`` batches and the named noise of an agent that draws ``draws``."""
     g = torch.Generator().manual_seed(0)
     for _ in range(count):
         data = {"obs": torch.randn(seeds, batch, 5, generator=g), "action": torch.rand(seeds, batch, 2, generator=g) * 2 - 1,
                 "reward": torch.randn(seeds, batch, generator=g), "next_obs": torch.randn(seeds, batch, 5, generator=g),
                 "terminated": torch.zeros(seeds, batch)}
-        yield {k: v.to(device) for k, v in data.items()}, torch.randn(rows, seeds, batch, 2, generator=g).to(device)
+        noise = {name: torch.randn(seeds, *shape, generator=g) for name, shape in draw_shapes(draws, batch).items()}
+        yield {k: v.to(device) for k, v in data.items()}, {k: v.to(device) for k, v in noise.items()}
 
 
 def difference(agent: str, intervention: str, device: str, dtype: torch.dtype, updates: int = 6) -> float:
     torch.set_default_dtype(dtype)
     try:
         eager, comp = make(agent, intervention, device, 16, False), make(agent, intervention, device, 16, True)
-        for batch, noise in batches(updates, eager.noise_rows, 2, 32, device):
+        for batch, noise in batches(updates, eager.draws, 2, 32, device):
             eager.update(batch, noise)
             comp.update(batch, noise)
         mine = comp.state_dict()
@@ -68,7 +71,7 @@ def difference(agent: str, intervention: str, device: str, dtype: torch.dtype, u
 
 def per_update_ms(device: str, hidden: int, compile_: bool, seeds: int, repeats: int = 50) -> float:
     agent = make("sac", "none", device, hidden, compile_, seeds)
-    data = list(batches(repeats + 5, agent.noise_rows, seeds, 256, device))
+    data = list(batches(repeats + 5, agent.draws, seeds, 256, device))
     times = []
     for i, (batch, noise) in enumerate(data):
         if device.startswith("cuda"):

@@ -311,7 +311,7 @@ def check(seeds: int, compile: bool) -> float:
                  "reward": torch.randn(*nb, generator=g), "next_obs": torch.randn(*nb, OBS, generator=g),
                  "terminated": (torch.rand(*nb, generator=g) < 0.1).float()}
         noise = torch.randn(2, *nb, ACT, generator=g)
-        agent.update(batch, noise)
+        agent.update(batch, {"next_action": noise[0], "action": noise[1]})
         state, _ = sac.train_batch(state, {k: v.numpy() for k, v in batch.items()}, noise.numpy())
     ours = torch_params(agent)
     diffs = jax.tree.map(lambda a, b: float(np.abs(a - np.asarray(b)).max()), ours, {k: state[k] for k in ours})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
@@ -105,6 +106,21 @@ SMALL = [
     "progress=false",
     "eval_episodes=1",
 ]
+
+
+def named_noise(agent, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The named noise of ``agent``'s update (its ``draws``, in their order) from the standard normals
+    of ``rows [R, N, B, A]``, seed ``n``'s read from ``rows[:, n]`` row after row as its ``sample``
+    stream gives them: SAC's ``next_action`` and ``action`` are rows 0 and 1, REDQ's ``subset`` the
+    first ``num_critics`` values of row 2. The names the rows do not hold are left out."""
+    from sac_spectral.agents.steps import draw_shapes, split_draws
+
+    flat, shapes, total = rows.movedim(1, 0).flatten(1), {}, 0
+    for name, shape in draw_shapes(agent.draws, rows.shape[2]).items():
+        if total + math.prod(shape) > flat.shape[1]:
+            break
+        shapes[name], total = shape, total + math.prod(shape)
+    return split_draws(flat[:, :total], shapes)
 
 
 def reference_batch(b: int, obs: int, act: int) -> dict:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import reference_batch
+from conftest import reference_batch, named_noise
 from sac_spectral.agents import AGENTS, CrossQ
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.crossq import BatchRenorm
@@ -146,7 +146,7 @@ def test_update_equals_the_papers_equations_after_three_updates():
     for _ in range(3):
         batch = reference_batch(B, OBS, ACT)
         noise = torch.randn(2, 1, B, ACT)
-        agent.update(batch, noise)
+        agent.update(batch, named_noise(agent, noise))
         ref.update(*(batch[k][0] for k in ("obs", "action", "reward", "next_obs", "terminated")), noise[:, 0])
     net = agent.critic
     ours = [[l.weight[j] for l in [*net.layers, net.heads[0]]] + [l.bias[j] for l in [*net.layers, net.heads[0]]]
@@ -173,7 +173,8 @@ def test_bf16_updates_keep_fp32_running_statistics_and_follow_fp32():
         cfg = _config()
         cfg.precision = precision
         agents[precision] = agent = CrossQ(OBS, ACT, cfg, SeedStreams([3]))
-        losses[precision] = torch.stack([agent.update(batch, noise)["loss/critic"] for batch, noise in data])
+        losses[precision] = torch.stack([agent.update(batch, named_noise(agent, noise))["loss/critic"]
+                                         for batch, noise in data])
     norms = [m for m in agents["bf16"].critic.modules() if isinstance(m, BatchRenorm)]
     assert all(m.running_mean.dtype == m.running_var.dtype == torch.float32 for m in norms)
     assert int(norms[0].steps) == 3 and agents["bf16"].log_alpha.item() != math.log(_config().alpha.init)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
+from sac_spectral.agents import AGENTS, SAC, ReplayBuffer, SACConfig
+from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.probes import (
     DiagnosticsConfig,
     agent_diagnostics,
@@ -19,6 +20,7 @@ from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import (
     as_floats,
+    coupled_gradients,
     dormant_fraction,
     dormant_scores,
     gradient_grams,
@@ -329,6 +331,67 @@ def test_agent_diagnostics_leave_the_agent_and_its_streams_untouched():
     assert reports["critic"].scalars["grad_rank/critic/erank"].shape == (4,)  # 2 seeds × 2 critics
     assert reports["actor"].scalars["dormant/actor/fraction"].shape == (2,)
     assert len(set(batch["obs"][0].sum(-1).tolist())) == 32  # drawn without replacement
+
+
+def _built_in_agent(name: str, seeds=(0, 1)):
+    """A small ``name`` agent (REDQ: 4 critics, a random 2 in the target; CrossQ: batch
+    renormalization on from the start) and a replay buffer of 300 transitions."""
+    cfg = TrainConfig(agent=name)
+    cfg.actor.hidden = cfg.critic.hidden = [16, 16]
+    cfg.critic.num_critics = 4 if name == "redq" else 2
+    cfg.crossq.warmup = 0
+    agent, buf = AGENTS[name](5, 2, cfg, SeedStreams(list(seeds))), _agent_and_buffer(seeds)[1]
+    agent.train_steps(buf, 4, 16)  # away from the initial parameters and statistics
+    return agent, buf
+
+
+@pytest.mark.parametrize("name", ["sac", "td3", "redq", "crossq"])
+def test_the_diagnostics_critic_loss_is_the_updates(name):
+    """One loss per network: on the same batch and noise, the mean of the per-example critic losses
+    the gradient-rank diagnostics differentiate is the critic loss the update minimizes (REDQ's on
+    its update's random subset, CrossQ's in the joint forward with batch statistics), and forming
+    them changes nothing (CrossQ's running statistics included)."""
+    agent, buf = _built_in_agent(name)
+    batch, noise = probe_batch(agent, buf, 24, [0, 1], tick=1)
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    loss, probe = network_loss(agent, "critic", batch, noise)
+    with torch.no_grad():
+        per_example = loss(agent.critic, probe)
+    assert per_example.shape == (2 * agent.num_critics, 24)
+    assert all(torch.equal(before[k], v) for k, v in agent.state_dict().items())
+    update = agent.update(batch, noise)["loss/critic"]
+    torch.testing.assert_close(per_example.mean(-1).view(2, agent.num_critics).sum(1), update, rtol=1e-6, atol=1e-6)
+
+
+def test_coupled_gradients_are_each_examples_loss_through_the_whole_batch():
+    """CrossQ's critic losses couple the examples through batch statistics: the diagnostics' rows
+    are the gradients of each example's loss with the whole batch in the forward, as autograd gives
+    them one by one; for losses that do not couple them (SAC's) they equal the per-example ones."""
+    agent, buf = _built_in_agent("crossq", seeds=(0,))
+    batch, noise = probe_batch(agent, buf, 6, [0], tick=0)
+    loss, probe = network_loss(agent, "critic", batch, noise)
+    grads = coupled_gradients(agent.critic, loss, probe)
+    losses = loss(agent.critic, probe)  # [C, 6]
+    for i in range(6):
+        ref = torch.autograd.grad(losses[:, i].sum(), list(agent.critic.parameters()), retain_graph=True)
+        for (name, g), r in zip(grads.items(), ref):
+            torch.testing.assert_close(g[i], r, atol=1e-5, rtol=1e-5, msg=name)
+    sac, buf = _agent_and_buffer()
+    batch, noise = probe_batch(sac, buf, 12, [0, 1], tick=0)
+    loss, probe = network_loss(sac, "critic", batch, noise)
+    coupled = gradient_grams(sac.critic, loss, probe, example_dim=1, method="jacobian")
+    for key, k in gradient_grams(sac.critic, loss, probe, example_dim=1, method="func").items():
+        torch.testing.assert_close(coupled[key], k, rtol=1e-5, atol=1e-6 * float(k.abs().max()))
+
+
+def test_crossqs_diagnostics_differentiate_its_coupled_loss():
+    agent, buf = _built_in_agent("crossq")
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    batch, noise = probe_batch(agent, buf, 16, [0, 1], tick=2)
+    reports = agent_diagnostics(agent, batch, noise, DiagnosticsConfig(histograms=False))
+    assert all(torch.equal(before[k], v) for k, v in agent.state_dict().items())
+    erank = reports["critic"].scalars["grad_rank/critic/erank"]
+    assert erank.shape == (4,) and bool(((erank > 1) & (erank <= 16)).all())
 
 
 # --------------------------------------------------------------------------- low-rank gradient lab

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import named_noise
 from sac_spectral.agents import REDQ, SAC, TD3, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
-from sac_spectral.agents.steps import intervenes
+from sac_spectral.agents.steps import BATCH, draw_shapes, intervenes
 from sac_spectral.core.seeding import SeedStreams
 
 INTERVENTIONS = {
@@ -122,7 +123,7 @@ def test_compiled_and_blocks_equal_eager_for_every_intervention(cls, interventio
     resumed.load_full_state_dict(copy.deepcopy(comp.full_state_dict()))  # as a checkpoint file: no shared tensors
     g = torch.Generator().manual_seed(1)
     batch = {k: v.transpose(0, 1)[0] for k, v in _buffer(2).gather(torch.randint(64, (2, 1, 16), generator=g)).items()}
-    noise = torch.randn(eager.noise_rows, 2, 16, 2, generator=g)
+    noise = named_noise(eager, torch.randn(3, 2, 16, 2, generator=g))
     _assert_equal(resumed, eager, [resumed.update(batch, noise)], [eager.update(batch, noise)])
 
 
@@ -153,7 +154,7 @@ def test_compiled_equals_eager_for_the_spectral_options(options):
     resumed.load_full_state_dict(copy.deepcopy(comp.full_state_dict()))
     g = torch.Generator().manual_seed(1)
     batch = {k: v.transpose(0, 1)[0] for k, v in _buffer(2).gather(torch.randint(64, (2, 1, 16), generator=g)).items()}
-    noise = torch.randn(eager.noise_rows, 2, 16, 2, generator=g)
+    noise = named_noise(eager, torch.randn(3, 2, 16, 2, generator=g))
     _assert_equal(resumed, eager, [resumed.update(batch, noise)], [eager.update(batch, noise)])
 
 
@@ -170,11 +171,29 @@ def test_an_agent_state_of_the_earlier_layout_loads_and_trains_on_as_it_did(name
     agent = {"sac": SAC, "td3": TD3}[name](3, 1, cfg, SeedStreams([0]))
     agent.load_full_state_dict(saved["state"])
     assert agent.num_updates == 3
-    info = agent.update(saved["batch"], saved["noise"])
+    info = agent.update(saved["batch"], named_noise(agent, saved["noise"]))
     for key, value in saved["after"].items():
         torch.testing.assert_close(agent.state_dict()[key], value, rtol=0, atol=1e-7)
     for key, value in saved["info"].items():
         torch.testing.assert_close(info[key], value, rtol=0, atol=1e-6)
+
+
+def test_an_update_draws_its_names_from_each_seeds_stream_in_the_declared_order():
+    """REDQ declares ``next_action`` and ``action`` per example and ``subset`` (one normal per critic):
+    the updates of a call draw them from each seed's ``sample`` stream, update after update and name
+    after name, so seed 7 of a two-seed agent draws what an agent of seed 7 alone draws."""
+    cfg = _config("redq", "none")
+    pair, alone = REDQ(5, 2, cfg, SeedStreams([3, 7])), REDQ(5, 2, cfg, SeedStreams([7]))
+    assert pair.draws == {"next_action": (BATCH, 2), "action": (BATCH, 2), "subset": (4,)}
+    noise = pair.draw_noise(3, 16)
+    assert {k: tuple(v.shape) for k, v in noise.items()} == {"next_action": (3, 2, 16, 2), "action": (3, 2, 16, 2),
+                                                             "subset": (3, 2, 4)}
+    flat = torch.randn(3, 2 * 16 * 2 + 4, generator=SeedStreams([7])["sample"][0])
+    for name, start, end in (("next_action", 0, 32), ("action", 32, 64), ("subset", 64, 68)):
+        assert torch.equal(noise[name][:, 1].flatten(1), flat[:, start:end])
+    assert all(torch.equal(noise[k][:, 1], v[:, 0]) for k, v in alone.draw_noise(3, 16).items())
+    with pytest.raises(ValueError, match="the batch axis can only be the first"):
+        draw_shapes({"mask": (3, BATCH)}, 16)
 
 
 @pytest.mark.slow

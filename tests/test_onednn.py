@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from conftest import named_noise
 from sac_spectral.agents import SAC
 from sac_spectral.agents.config import SACConfig
 from sac_spectral.core import native, onednn
@@ -99,15 +100,15 @@ def test_compile_products_chooses_what_the_agents_programs_multiply_with():
     batch = {"obs": torch.randn(1, 4, 3, generator=g), "action": torch.rand(1, 4, 1, generator=g),
              "reward": torch.randn(1, 4, generator=g), "next_obs": torch.randn(1, 4, 3, generator=g),
              "terminated": torch.zeros(1, 4)}
-    noise = torch.randn(SAC.noise_rows, 1, 4, 1, generator=g)
+    noise = torch.randn(2, 1, 4, 1, generator=g)
     agents, calls = {}, {}
     for products in ("onednn", "aten"):
         cfg = SACConfig(compile=True, compile_products=products)
         cfg.actor.hidden = cfg.critic.hidden = [8]
         agents[products] = SAC(3, 1, cfg, SeedStreams([0]))
-        agents[products].update(batch, noise)  # compiles
+        agents[products].update(batch, named_noise(agents[products], noise))  # compiles
         with torch.profiler.profile() as prof:
-            agents[products].update(batch, noise)
+            agents[products].update(batch, named_noise(agents[products], noise))
         calls[products] = {e.key for e in prof.key_averages()}
     assert "sac_spectral::member_bmm" in calls["onednn"] and "sac_spectral::member_bmm" not in calls["aten"]
     for (name, p), q in zip(agents["onednn"].state_dict().items(), agents["aten"].state_dict().values()):

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import named_noise
 from sac_spectral.agents import SAC, SACConfig
 from sac_spectral.core.config import ConfigError
 from sac_spectral.core.nets import BatchedMLP
@@ -475,7 +476,7 @@ def test_each_method_composes_with_spectral_in_sac_and_resumes_exactly(method):
     agent = SAC(5, 2, cfg, SeedStreams([0, 1]))
     gen = torch.Generator().manual_seed(0)
     for _ in range(5):
-        info = agent.update(_batch(2, gen), torch.randn(2, 2, 8, 2, generator=gen))
+        info = agent.update(_batch(2, gen), named_noise(agent, torch.randn(2, 2, 8, 2, generator=gen)))
     assert all(torch.isfinite(v).all() for v in info.values())
     metrics = agent.metrics()
     assert all(torch.isfinite(v).all() for v in metrics.values())
@@ -488,7 +489,7 @@ def test_each_method_composes_with_spectral_in_sac_and_resumes_exactly(method):
     copy_.load_full_state_dict(copy.deepcopy(agent.full_state_dict()))
     for _ in range(3):
         batch, noise = _batch(2, gen), torch.randn(2, 2, 8, 2, generator=gen)
-        a, b = agent.update(batch, noise), copy_.update(batch, noise)
+        a, b = agent.update(batch, named_noise(agent, noise)), copy_.update(batch, named_noise(copy_, noise))
         for k in a:
             assert torch.equal(a[k], b[k]), k
     for p, q in zip(agent.parameters(), copy_.parameters()):
@@ -502,7 +503,7 @@ def test_injection_in_sac_leaves_the_critic_and_its_target_unchanged():
     cfg.actor.regularizers = []
     agent = SAC(5, 2, cfg, SeedStreams([0]))
     gen = torch.Generator().manual_seed(1)
-    agent.update(_batch(1, gen), torch.randn(2, 1, 8, 2, generator=gen))
+    agent.update(_batch(1, gen), named_noise(agent, torch.randn(2, 1, 8, 2, generator=gen)))
     probe = _batch(1, gen)
     reg = agent.trained["critic"].regularizers[0]
     assert reg.target_head is not None
@@ -510,7 +511,7 @@ def test_injection_in_sac_leaves_the_critic_and_its_target_unchanged():
     with torch.no_grad():
         target_before = agent.q_values(agent.target_critic, probe["obs"], probe["action"])
     old_target = [p.detach().clone() for p in reg.target_head.params()]
-    agent.update(_batch(1, gen), torch.randn(2, 1, 8, 2, generator=gen))
+    agent.update(_batch(1, gen), named_noise(agent, torch.randn(2, 1, 8, 2, generator=gen)))
     assert reg.injected
     for t, q in zip(reg._tensors("target_old"), old_target):  # the target's head at injection (Polyak comes after)
         assert torch.equal(t, q)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import named_noise
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
@@ -293,8 +294,8 @@ def test_grads_left_by_a_sac_update_are_that_updates_gradient():
     batch = buf.gather(torch.randint(len(buf), (2, 32), generator=torch.Generator().manual_seed(2)))
     noise = torch.randn(2, 2, 32, 2, generator=torch.Generator().manual_seed(3))
     twin = copy.deepcopy(agent)
-    agent.update(batch, noise)
+    agent.update(batch, named_noise(agent, noise))
     # the same critic loss on the pre-update parameters, differentiated by hand
-    loss = twin.critic_step(batch, noise)[0]
+    loss = twin.critic_step(batch, named_noise(twin, noise))[0]
     grads = torch.autograd.grad(loss, list(twin.critic.parameters()))
     torch.testing.assert_close(grad_norm(agent.critic), grad_norm(list(grads), members=4))

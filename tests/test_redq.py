@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import reference_batch
+from conftest import reference_batch, named_noise
 from sac_spectral.agents import AGENTS, REDQ, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.redq import random_subset
@@ -116,7 +116,7 @@ def test_update_equals_the_papers_equations_after_three_updates():
     for _ in range(3):
         batch = reference_batch(B, OBS, ACT)
         noise = torch.randn(3, 1, B, ACT)
-        agent.update(batch, noise)
+        agent.update(batch, named_noise(agent, noise))
         ref.update(*(batch[k][0] for k in ("obs", "action", "reward", "next_obs", "terminated")), noise[:, 0])
     pairs = [(_params(agent.actor, 0, (0, 1)), ref.actor)]
     pairs += [(_params(agent.critic, j, (0,)), ref.critics[j]) for j in range(N)]

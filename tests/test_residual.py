@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import named_noise
 from sac_spectral.agents import SAC, TD3
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.core.layers import layer_views
@@ -125,6 +126,6 @@ def test_agents_train_on_residual_networks_and_simba_tracks_its_inputs(agent):
              "next_obs": torch.randn(2, 16, IN) + 5, "terminated": torch.zeros(2, 16)}
     for _ in range(3):
         a.observe(batch)
-        info = a.update(batch, torch.randn(2, 2, 16, 2))
+        info = a.update(batch, named_noise(a, torch.randn(2, 2, 16, 2)))
     assert all(torch.isfinite(v).all() for v in info.values())
     assert a.actor.input_norm.count.flatten().tolist() == [48, 48] and a.actor.input_norm.mean.mean() > 4

@@ -8,8 +8,10 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
+from conftest import named_noise
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
 from sac_spectral.agents.compiled import COMPILE_MINUTES
+from sac_spectral.agents.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer
 
@@ -86,7 +88,7 @@ def test_critic_target_bootstraps_through_truncation_but_not_termination():
 def test_polyak_update_of_target_critic():
     agent = make_agent()
     old_target = [p.clone() for p in agent.target_critic.parameters()]
-    agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+    agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))
     for t, o, new in zip(agent.target_critic.parameters(), old_target, agent.critic.parameters()):
         torch.testing.assert_close(t, o + 0.005 * (new - o))
 
@@ -106,14 +108,14 @@ def test_temperature_moves_toward_target_entropy():
     agent = make_agent(cfg=cfg)
     assert agent.target_entropy == -1.0
     before = agent.log_alpha.item()
-    entropy = agent.update(random_batch(), torch.randn(2, 1, 8, 2))["entropy"].item()
+    entropy = agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))["entropy"].item()
     assert math.copysign(1, agent.log_alpha.item() - before) == math.copysign(1, agent.target_entropy - entropy)
 
 
 def test_reset_all_redraws_everything_and_clears_optimizers():
     agent = make_agent()
     for _ in range(3):
-        agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+        agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))
     before = {k: v.clone() for k, v in agent.state_dict().items()}
     agent.reset()
     for k, v in agent.state_dict().items():
@@ -127,7 +129,7 @@ def test_reset_all_redraws_everything_and_clears_optimizers():
 
 def test_reset_last_layers_keeps_the_rest():
     agent = make_agent()
-    agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+    agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))
     w0 = agent.critic.layers[-1].weight.clone()
     w_last = agent.critic.heads[0].weight.clone()
     actor_heads = [h.weight.clone() for h in agent.actor.heads]
@@ -187,7 +189,7 @@ def _train_copy(cfg, updates=3):
     agent = make_agent(cfg=cfg)
     g = torch.Generator().manual_seed(1)
     for _ in range(updates):
-        info = agent.update(random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g))
+        info = agent.update(random_batch(b=32, gen=g), named_noise(agent, torch.randn(2, 1, 32, 2, generator=g)))
     return agent, info
 
 
@@ -231,11 +233,11 @@ def test_bf16_gradients_equal_autocast_gradients_and_acting_stays_fp32():
     g = torch.Generator().manual_seed(3)
     batch, noise = random_batch(b=32, gen=g), torch.randn(1, 32, 2, generator=g)
     with agent.precision.forward():
-        loss, _ = agent.critic_step(batch, noise.unsqueeze(0))
+        loss, _ = agent.critic_step(batch, named_noise(agent, noise.unsqueeze(0)))
     (loss + agent.trained["critic"].regularizers[0].penalty()).backward()
     agent.precision.collect_grads("critic")
     with torch.autocast("cpu", torch.bfloat16):
-        ref_losses, _ = ref.critic_losses(batch, noise)
+        ref_losses, _ = ref.critic_losses(batch, {"next_action": noise})
     (ref_losses.mean(dim=-1).sum() + ref.trained["critic"].regularizers[0].penalty()).backward()
     for p, q in zip(agent.critic.parameters(), ref.critic.parameters()):
         assert p.grad.dtype == torch.float32
@@ -274,11 +276,11 @@ def test_compiled_update_forms_every_penalty_inside_its_program(monkeypatch):
     g = torch.Generator().manual_seed(3)
     data = [(random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g)) for _ in range(3)]
     for batch, noise in data:
-        eager.update(batch, noise)
+        eager.update(batch, named_noise(eager, noise))
     for cls in {type(r) for r in compiled.trained["actor"].regularizers + compiled.trained["critic"].regularizers} - {_Cubic}:
         monkeypatch.setattr(cls, "penalty", lambda self: pytest.fail(f"{self.name}.penalty() ran in eager"))
     for batch, noise in data:
-        compiled.update(batch, noise)
+        compiled.update(batch, named_noise(compiled, noise))
     for p, q in zip(compiled.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     for r, q in zip(compiled.trained["actor"].regularizers[0]._plan.vectors, eager.trained["actor"].regularizers[0]._plan.vectors):
@@ -358,20 +360,37 @@ def test_networks_are_initialized_as_in_rl_with_resets():
     assert all(torch.count_nonzero(p) == 0 for n, p in agent.named_parameters() if n.endswith("bias"))
 
 
+@pytest.mark.parametrize("width", [1, 3])
+def test_the_critics_head_width_is_the_agents(width):
+    """An agent's declared ``critic_width`` shapes its critic's head, its ``q_values``
+    (``[N, C, B]`` for a scalar head, ``[N, C, B, W]`` otherwise) and its memory estimate."""
+    wide = type("Wide", (SAC,), {"critic_width": width})
+    cfg = TrainConfig(num_seeds=2)
+    cfg.actor.hidden = cfg.critic.hidden = [16, 16]
+    agent = wide(5, 2, cfg, SeedStreams([0, 1]))
+    assert agent.critic.heads[0].weight.shape == agent.target_critic.heads[0].weight.shape == (4, width, 16)
+    batch = random_batch(n=2)
+    q = agent.q_values(agent.critic, batch["obs"], batch["action"])
+    assert q.shape == (2, 2, 8) + ((width,) if width > 1 else ())
+    part = "a batch's transitions and activations"
+    grown = wide.memory_estimate(cfg, 5, 2)[part] - SAC.memory_estimate(cfg, 5, 2)[part]
+    assert grown == 4 * 2 * 2 * 2 * cfg.batch_size * 4 * (width - 1)  # fp32 · 2 · N · C · B · 4 per unit
+
+
 def test_update_losses_are_the_means_of_the_per_example_losses():
     agent = make_agent(seeds=(0, 1))
     batch = random_batch(n=2, b=8)
     noise = torch.randn(2, 2, 8, 2, generator=torch.Generator().manual_seed(5))
     actor_before = copy.deepcopy(agent.actor.state_dict())
     with torch.no_grad():
-        critic_ex, _ = agent.critic_losses(batch, noise[0])
+        critic_ex, _ = agent.critic_losses(batch, named_noise(agent, noise))
         alpha = agent.log_alpha.exp()
-    info = agent.update(batch, noise)
+    info = agent.update(batch, named_noise(agent, noise))
     torch.testing.assert_close(info["loss/critic"], critic_ex.mean(-1).sum(1))
     agent.actor.load_state_dict(actor_before)  # the actor step sees the updated critic, the old actor
     with torch.no_grad():
         agent.log_alpha.copy_(alpha.log())
-        actor_ex, logp = agent.actor_losses(batch["obs"], noise[1])
+        actor_ex, logp = agent.actor_losses(batch, named_noise(agent, noise))
     torch.testing.assert_close(info["loss/actor"], actor_ex.mean(-1))
     torch.testing.assert_close(info["entropy"], -logp.mean(-1))
     torch.testing.assert_close(info["loss/alpha"], alpha * (-logp.mean(-1) - agent.target_entropy))
@@ -384,7 +403,7 @@ def test_diagnostics_differentiate_the_losses_the_update_minimizes():
 
     agent = make_agent(seeds=(0, 1))
     batch = random_batch(n=2, b=8)
-    noise = torch.randn(2, 2, 8, 2, generator=torch.Generator().manual_seed(5))
+    noise = named_noise(agent, torch.randn(2, 2, 8, 2, generator=torch.Generator().manual_seed(5)))
     critic_fn, critic_probe = network_loss(agent, "critic", batch, noise)
     actor_fn, actor_probe = network_loss(agent, "actor", batch, noise)
     with torch.no_grad():

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import named_noise
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.core.config import load_config
 from sac_spectral.core.nets import ACTIVATIONS, BatchedMLP
@@ -46,8 +47,8 @@ def test_weight_decay_is_decoupled_adamw():
     assert decayed.trained["actor"].optimizer.param_groups[0]["weight_decay"] == 0.1
     before = [p.detach().clone() for p in plain.critic.parameters()]
     noise = torch.randn(2, 1, 8, 2, generator=torch.Generator().manual_seed(1))
-    plain.update(random_batch(), noise)
-    decayed.update(random_batch(), noise)
+    plain.update(random_batch(), named_noise(plain, noise))
+    decayed.update(random_batch(), named_noise(decayed, noise))
     lr = plain_cfg.critic.lr
     for p0, a, b in zip(before, plain.critic.parameters(), decayed.critic.parameters()):
         torch.testing.assert_close(b - a, -lr * 0.1 * p0, rtol=0, atol=1e-7)  # fp32 rounding of b, a ≈ 5e-8
@@ -93,7 +94,7 @@ def test_sac_trains_with_layer_norm_and_crelu():
     agent = SAC(5, 2, cfg, SeedStreams([0]))
     assert agent.critic.layers[1].in_features == 32 and len(agent.critic.norms) == 2
     for _ in range(3):
-        agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+        agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))
     assert all(torch.isfinite(v).all() for v in agent.metrics().values())
 
 
@@ -136,7 +137,7 @@ def test_regularizer_metrics_are_logged_per_seed_under_their_network_and_name():
     cfg.critic.layer_norm = True  # nap needs it
     cfg.actor.regularizers = [{"name": "spectral", "mode": "all"}, {"name": "parseval"}]
     agent = SAC(5, 2, cfg, SeedStreams([0, 1, 2]))
-    agent.update(random_batch(n=3), torch.randn(2, 3, 8, 2))
+    agent.update(random_batch(n=3), named_noise(agent, torch.randn(2, 3, 8, 2)))
     metrics = agent.metrics()
     for name in REGISTRY:
         keys = [k for k in metrics if k.startswith(f"reg/critic/{name}/")]
@@ -152,7 +153,7 @@ def test_the_critics_probe_is_the_current_batch_as_critic_input():
     cfg.critic.regularizers = [{"name": "redo", "every": 1}]
     agent = SAC(5, 2, cfg, SeedStreams([0, 1]))
     batch = random_batch(n=2)
-    agent.update(batch, torch.randn(2, 2, 8, 2))
+    agent.update(batch, named_noise(agent, torch.randn(2, 2, 8, 2)))
     probe = agent.trained["critic"].regularizers[0].probe()
     assert probe.shape == (4, 8, 7)
     torch.testing.assert_close(probe[3], torch.cat([batch["obs"][1], batch["action"][1]], -1))
@@ -161,7 +162,7 @@ def test_the_critics_probe_is_the_current_batch_as_critic_input():
 def test_full_reset_draws_the_initializer_from_the_continuing_init_stream():
     streams = SeedStreams([3])
     agent = SAC(5, 2, small_cfg(), streams)
-    agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+    agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))
     gen = torch.Generator()
     gen.set_state(streams["init"][0].get_state())
     agent.reset()

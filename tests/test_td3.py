@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import reference_batch
+from conftest import reference_batch, named_noise
 from sac_spectral.agents import AGENTS, TD3, build_agent
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
@@ -94,7 +94,7 @@ def test_update_equals_the_papers_equations_after_three_updates():
     for _ in range(3):
         batch = reference_batch(B, OBS, ACT)
         noise = torch.randn(2, 1, B, ACT)
-        agent.update(batch, noise)
+        agent.update(batch, named_noise(agent, noise))
         ref.update(*(batch[k][0] for k in ("obs", "action", "reward", "next_obs", "terminated")), noise[0, 0])
     nets = [(agent.actor, 0, ref.actor), (agent.target_actor, 0, ref.t_actor),
             *[(agent.critic, j, ref.critics[j]) for j in range(2)],
@@ -114,7 +114,7 @@ def test_the_actor_and_targets_wait_for_the_policy_delay():
     batch = {"obs": torch.randn(1, B, OBS), "action": torch.zeros(1, B, ACT), "reward": torch.ones(1, B),
              "next_obs": torch.randn(1, B, OBS), "terminated": torch.zeros(1, B)}
     for k in range(1, 4):
-        agent.update(batch, torch.randn(2, 1, B, ACT))
+        agent.update(batch, named_noise(agent, torch.randn(2, 1, B, ACT)))
         moved = not all(torch.equal(v, agent.actor.state_dict()[n]) for n, v in actor0.items())
         target_moved = not all(torch.equal(v, agent.target_critic.state_dict()[n]) for n, v in target0.items())
         assert moved == target_moved == (k == 3)

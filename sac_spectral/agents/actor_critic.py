@@ -1,6 +1,9 @@
-"""What the member-batched actor-critic agents (SAC, TD3, REDQ, CrossQ) share on top of the update
-engine: an actor with one member per seed and ``num_critics`` Q-networks per seed in one batched
-critic, the critic's input layout, the TD step, the optimizers, and the memory estimate.
+"""The one small base of the member-batched actor-critic agents (SAC, TD3, REDQ, CrossQ) on the
+update engine, and the pieces they share as functions: an actor with one member per seed and
+``num_critics`` Q-networks per seed in one batched critic, the critic's input layout and Q-values,
+the TD target and the critic step's reduction, the table of trained networks, acting, the run
+checks and the memory estimate. Each agent writes its networks, draws, losses and steps in its own
+file, one level below :class:`ActorCritic`.
 
 Seed ``n``'s critics are members ``n·C … n·C + C − 1`` of the critic.
 """
@@ -15,13 +18,17 @@ import torch
 from torch import Tensor, nn
 
 from sac_spectral.agents.engine import Engine, Trained
-from sac_spectral.agents.steps import Metrics
+from sac_spectral.agents.steps import Metrics, Noise
 from sac_spectral.core.nets import BatchedNetwork
-from sac_spectral.core.precision import full
 from sac_spectral.core.optim import make_optimizer
+from sac_spectral.core.precision import full
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.sizes import ADAM_COPIES, FLOAT32
 from sac_spectral.regularizers import acts_at, parameter_copies
+
+#: Adam's default ``(β₁, β₂)``
+BETAS = (0.9, 0.999)
+Acting = Callable[[BatchedNetwork, Tensor, "Tensor | None"], Tensor]
 
 
 def member_generators(streams: SeedStreams | None, members: int) -> list[torch.Generator] | None:
@@ -29,17 +36,47 @@ def member_generators(streams: SeedStreams | None, members: int) -> list[torch.G
     return None if streams is None else [g for g in streams["init"] for _ in range(members)]
 
 
-def make_optimizer_of(cfg: Any, params: list[nn.Parameter] | list[dict[str, Any]], betas: tuple[float, float] = (0.9, 0.999)
-                      ) -> torch.optim.Optimizer:
+def head_shape(width: int) -> tuple[int, ...]:
+    """A critic head's outputs per example and critic as a shape: ``()`` for a scalar Q (``width`` 1),
+    ``(width,)`` otherwise."""
+    return () if width == 1 else (width,)
+
+
+def make_optimizer_of(cfg: Any, params: list[nn.Parameter] | list[dict[str, Any]],
+                      betas: tuple[float, float] = BETAS) -> torch.optim.Optimizer:
     """Adam, or AdamW (decoupled decay) when the network's ``weight_decay > 0``, with fused kernels."""
     name = "adamw" if cfg.weight_decay > 0 else "adam"
     return make_optimizer(name, params, cfg.lr, cfg.weight_decay, betas=betas, implementation="fused")
 
 
+def td_target(batch: Metrics, next_value: Tensor, gamma: float) -> Tensor:
+    """``[N, B]`` TD target ``r + γ(1 − terminated)·V(s′)``: a time-limit truncation keeps
+    bootstrapping, only a true termination stops it."""
+    return batch["reward"] + gamma * (1.0 - batch["terminated"]) * next_value
+
+
+def td_step(losses: Tensor, q: Tensor) -> tuple[Tensor, Metrics]:
+    """A critic step's loss ``Σ_n Σ_j mean_i ℓ_{n,j,i}`` from per-example TD losses ``[N, C, B]``;
+    metrics: per-seed critic loss and mean Q ``[N]`` (of Q-values ``[N, C, B]``)."""
+    per_seed = losses.mean(dim=-1).sum(dim=1)
+    return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
+
+
 class ActorCritic(Engine):
     """An engine whose networks are ``actor`` (one member per seed) and ``critic`` (``num_critics``
-    per seed), each with an optional target. A subclass builds them in :meth:`networks` (one place,
-    for training and for memory estimates) and calls :meth:`_train_actor_critic`."""
+    per seed), each with an optional target (``target_actor``, ``target_critic``). An agent builds
+    them in :meth:`networks` (one place, for training and for memory estimates), declares its draws,
+    sets its acting function ``acting(actor, obs, noise)`` and calls :meth:`_train_actor_critic`."""
+
+    #: the config key of the updates between actor steps, for agents that delay them (TD3, REDQ, CrossQ)
+    actor_delay: ClassVar[str | None] = None
+    #: whether the critic's per-example losses couple the examples (CrossQ's batch statistics)
+    coupled: ClassVar[bool] = False
+    #: the critic head's outputs per example (1: a scalar Q); :meth:`networks` builds the critic with it
+    critic_width: ClassVar[int] = 1
+    actor: BatchedNetwork
+    critic: BatchedNetwork
+    acting: Acting
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams) -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
@@ -51,20 +88,29 @@ class ActorCritic(Engine):
         """The networks of ``members`` seeds, drawn from ``streams`` (the agent's) or torch's generator."""
         raise NotImplementedError
 
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """The critic's per-example TD losses ``[N, C, B]`` (target held fixed) and Q-values."""
+        raise NotImplementedError
+
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """The actor's per-example losses ``[N, B]`` (and an auxiliary ``[N, B]``)."""
+        raise NotImplementedError
+
     def _train_actor_critic(self, actor_groups: list[dict[str, Any]] | None = None,
-                            betas: tuple[float, float] = (0.9, 0.999)) -> None:
-        """Train ``actor`` (``actor_groups``: its parameter groups, its own by default) and ``critic``
-        with their targets where the agent has ``target_actor`` / ``target_critic``."""
+                            betas: tuple[float, float] = BETAS) -> None:
+        """The table: ``actor`` (``actor_groups``: its optimizer's parameter groups, its own by
+        default) and ``critic``, with their targets where the agent has them, Adam with ``betas``,
+        and their per-example losses (:meth:`actor_losses`, :meth:`critic_losses`)."""
         cfg = self.cfg
         actor_groups = actor_groups or [{"params": list(self.actor.parameters()), "lr": cfg.actor.lr}]
         self._train({
             "actor": Trained(self.actor, make_optimizer_of(cfg.actor, actor_groups, betas), cfg.actor, 1,
                              lambda b: b["obs"], getattr(self, "target_actor", None),
-                             lambda b, noise: self.actor_losses(b["obs"], noise[1])[0]),
-            "critic": Trained(self.critic, make_optimizer_of(cfg.critic, list(self.critic.parameters()), betas), cfg.critic,
-                              self.num_critics, lambda b: self.critic_inputs(b["obs"], b["action"]),
+                             lambda b, noise: self.actor_losses(b, noise)[0]),
+            "critic": Trained(self.critic, make_optimizer_of(cfg.critic, list(self.critic.parameters()), betas),
+                              cfg.critic, self.num_critics, lambda b: self.critic_inputs(b["obs"], b["action"]),
                               getattr(self, "target_critic", None),
-                              lambda b, noise: self.critic_losses(b, noise[0])[0].flatten(0, 1)),
+                              lambda b, noise: self.critic_losses(b, noise)[0].flatten(0, 1), self.coupled),
         }, cfg.precision)
 
     def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
@@ -74,32 +120,18 @@ class ActorCritic(Engine):
         return x.reshape(n * self.num_critics, b, -1)
 
     def q_values(self, net: BatchedNetwork, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
-        """``[N, num_critics, B]`` Q-values of ``obs, action: [N, B, ·]``."""
+        """The critic heads' outputs ``[N, num_critics, B, *head]`` for ``obs, action: [N, B, ·]``
+        (:func:`head_shape` of :attr:`critic_width`: Q-values ``[N, C, B]`` for a scalar head)."""
         n, b = obs.shape[:2]
-        return full(net(self.critic_inputs(obs, action), detach)).view(n, self.num_critics, b)
+        out = full(net(self.critic_inputs(obs, action), detach))
+        return out.view(n, self.num_critics, b, *head_shape(self.critic_width))
 
-    def critic_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-example TD losses ``[N, C, B]`` (target held fixed) and the Q-values ``[N, C, B]``."""
-        raise NotImplementedError
-
-    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-example actor losses ``[N, B]`` (and an auxiliary ``[N, B]``)."""
-        raise NotImplementedError
-
-    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """The TD losses and Q-values of an update (its noise ``[rows, N, B, A]``): :meth:`critic_losses`
-        with ``noise[0]`` for the next actions (REDQ and CrossQ also use their update's extras)."""
-        return self.critic_losses(batch, noise[0])
-
-    def critic_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
-        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`update_td_losses`; metrics: per-seed critic loss
-        and mean Q ``[N]``."""
-        losses, q = self.update_td_losses(batch, noise)
-        per_seed = losses.mean(dim=-1).sum(dim=1)
-        return per_seed.sum(), {"loss/critic": per_seed.detach(), "q/mean": q.detach().mean(dim=(1, 2))}
-
-    #: the config key of the updates between actor steps, for agents that delay them (TD3, REDQ, CrossQ)
-    actor_delay: ClassVar[str | None] = None
+    @torch.inference_mode()
+    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
+        """Actions ``[N, A]`` for observations ``[N, obs_dim]`` (one per seed), by :attr:`acting`
+        with noise from each seed's ``act`` stream unless ``deterministic``."""
+        noise = None if deterministic else self.streams.randn("act", (1, self.act_dim))
+        return self.acting(self.actor, obs.unsqueeze(1), noise).squeeze(1)
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -139,7 +171,7 @@ class ActorCritic(Engine):
         counts = {k: sum(p.numel() for p in net.parameters()) for k, net in nets.items()}
         networks = sum(v * (ADAM_COPIES + parameter_copies(getattr(cfg, k).regularizers)) if not k.startswith("target")
                        else v for k, v in counts.items())
-        critic_sizes = [obs_dim + act_dim, *cfg.critic.hidden, 1]
+        critic_sizes = [obs_dim + act_dim, *cfg.critic.hidden, sum(nets["critic"].out_dims)]
         actor_sizes = [obs_dim, *cfg.actor.hidden, sum(nets["actor"].out_dims)]
         parts = {
             "replay buffer": FLOAT32 * n * cfg.buffer_size * transition,
@@ -154,9 +186,6 @@ class ActorCritic(Engine):
             per_member = max(counts["critic"] // (n * c), counts["actor"] // n)
             parts["diagnostics probe"] = FLOAT32 * n * c * min(cfg.diagnostics.batch_size, cfg.buffer_size) * per_member
         return parts
-
-
-Acting = Callable[[BatchedNetwork, Tensor, "Tensor | None"], Tensor]
 
 
 class ExportedPolicy(nn.Module):

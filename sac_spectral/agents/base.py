@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from sac_spectral.agents.engine import Trained
 from sac_spectral.agents.replay import ReplayBuffer
-from sac_spectral.agents.steps import Metrics
+from sac_spectral.agents.steps import Draws, Metrics
 from sac_spectral.core.config import ConfigError, check_section
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.plugins import OWNER, load_entry_points
@@ -34,8 +34,8 @@ class Agent(Protocol):
     #: ``alpha``, ``redq``); the options of any other section must keep their defaults in its runs
     sections: ClassVar[tuple[str, ...]]
     compiles: ClassVar[bool]
-    #: rows of standard-normal noise ``[rows, N, B, A]`` a diagnostics probe (and at least, an update) draws
-    noise_rows: ClassVar[int]
+    #: what an update (and a diagnostics probe) draws per seed: name → shape of standard normals
+    draws: Draws
     obs_dim: int
     act_dim: int
     num_seeds: int

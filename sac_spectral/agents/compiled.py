@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
-from sac_spectral.agents.steps import Metrics, NetStep, Segment, intervenes
+from sac_spectral.agents.steps import Metrics, NetStep, Noise, Segment, intervenes
 from sac_spectral.core.functional import Bound
 from sac_spectral.core.nets import BatchedLinear
 from sac_spectral.core.optim import adam_state, adam_step_
@@ -244,14 +244,14 @@ class Compiled:
                 current = []
         return out
 
-    def _loss(self, step: NetStep, batch: Metrics, noise: Tensor, params: list[Tensor]) -> tuple[Tensor, Metrics]:
+    def _loss(self, step: NetStep, batch: Metrics, noise: Noise, params: list[Tensor]) -> tuple[Tensor, Metrics]:
         substituted = {**self.params, **dict(zip(self.nets[step.net].names, params))}
         if self.low:
             substituted = {n: t.to(torch.bfloat16) if n in self.low else t for n, t in substituted.items()}
         loss, metrics = functional_call(self.wrapper, substituted, (step.loss, batch, noise))
         return loss, metrics
 
-    def _run(self, steps: tuple[NetStep, ...], after_inside: bool, batch: Metrics, noise: Tensor,
+    def _run(self, steps: tuple[NetStep, ...], after_inside: bool, batch: Metrics, noise: Noise,
              args: Sequence[tuple[Any, ...]]) -> Metrics:
         """A segment's steps, traced into one program."""
         info: Metrics = {}
@@ -271,21 +271,22 @@ class Compiled:
         step = self.nets[net]
         return step.penalties(self._regs(net)), adam_state(step.optimizer, step.params), step.hyper()
 
-    def run(self, segment: Segment, batch: Metrics, noise: Tensor) -> Metrics:
+    def run(self, segment: Segment, batch: Metrics, noise: Noise) -> Metrics:
         with _inductor_workarounds():
             return segment.program(segment.steps, segment.after_inside, batch, noise, [self._args(s.net) for s in segment.steps])
 
-    def _block(self, plan: tuple[tuple[NetStep, ...], ...], data: Metrics, noise: Tensor,
+    def _block(self, plan: tuple[tuple[NetStep, ...], ...], data: Metrics, noise: Noise,
                args: dict[str, tuple[Any, ...]]) -> Metrics:
-        """``len(plan)`` updates, update ``r`` on ``data[·][r]``, ``noise[r]``, traced into one program."""
+        """``len(plan)`` updates, update ``r`` on ``data[·][r]``, ``noise[·][r]``, traced into one program."""
         info: Metrics = {}
         for r, steps in enumerate(plan):
-            info.update(self._run(steps, True, {k: v[r] for k, v in data.items()}, noise[r], [args[s.net] for s in steps]))
+            info.update(self._run(steps, True, {k: v[r] for k, v in data.items()}, {k: v[r] for k, v in noise.items()},
+                                  [args[s.net] for s in steps]))
         return info
 
-    def block(self, plan: tuple[tuple[NetStep, ...], ...], data: Metrics, noise: Tensor) -> Metrics:
+    def block(self, plan: tuple[tuple[NetStep, ...], ...], data: Metrics, noise: Noise) -> Metrics:
         """The updates of ``plan`` (each one's steps) as one program call, on batches ``data[·][r]``
-        ``[R, N, B, ...]`` and noise ``[R, rows, N, B, A]``, where nothing intervenes; the program is
+        ``[R, N, B, ...]`` and named noise ``noise[·][r]`` ``[R, N, ...]``, where nothing intervenes; the program is
         specialised to the block's length and step lists. Returns each step's latest metrics; the
         engine counts the updates."""
         key = ("block", tuple(tuple((s.net, s.after is not None) for s in steps) for steps in plan))

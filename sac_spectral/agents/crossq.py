@@ -1,6 +1,7 @@
 """CrossQ (Bhatt, Palenicek, Belousov, Argus, Amiranashvili, Brox, Peters, "CrossQ: Batch
 Normalization in Deep Reinforcement Learning for Greater Sample Efficiency and Simplicity",
-ICLR 2024), member-batched, on SAC's actor and temperature.
+ICLR 2024), member-batched, on SAC's actor, policy and temperature
+(:mod:`~sac_spectral.agents.networks`).
 
 - **No target networks.** The critics bootstrap from themselves:
   ``y = r + γ(1 − terminated)·(min_j Q_j(s′, a′) − α log π(a′|s′))``, ``a′ ~ π(·|s′)``, held fixed.
@@ -17,9 +18,13 @@ ICLR 2024), member-batched, on SAC's actor and temperature.
 - The paper's widths and rates are in ``run_configs/crossq.yaml``: critic 2048-2048, actor
   256-256, learning rates 1e-3, target entropy −|A|.
 
+The critic's per-example losses are those of the joint forward with batch statistics, for its
+update and for the gradient-rank diagnostics alike; as batch statistics couple the examples, the
+diagnostics differentiate each example's loss through the whole batch's forward (``jacobian``), and
+only the update moves the running statistics.
+
 Differences from the authors' code: the actor is SAC's MLP without batch normalization (theirs
-normalizes it too); the gradient-rank diagnostics differentiate the critics at their running
-statistics (batch statistics would couple the examples).
+normalizes it too).
 
 The critic follows ``critic.hidden``, ``critic.activation`` (ReLU in the paper; one that keeps the
 width) and ``critic.init``; another ``critic.arch`` and ``critic.layer_norm: true`` are refused in
@@ -29,6 +34,7 @@ one line, as is ``compile: true`` (the running statistics are written inside the
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +42,27 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.actor_critic import member_generators
-from sac_spectral.agents.base import register_agent
-from sac_spectral.agents.networks import make_actor
-from sac_spectral.agents.sac import SAC
-from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.agents.actor_critic import (
+    BETAS,
+    ActorCritic,
+    ExportedPolicy,
+    head_shape,
+    member_generators,
+    td_step,
+    td_target,
+)
+from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.networks import (
+    actor_groups,
+    actor_mean_log_std,
+    make_actor,
+    reset_temperature,
+    soft_actor_step,
+    tanh_gaussian,
+    tanh_gaussian_actions,
+    temperature,
+)
+from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.nets import ACTIVATIONS, BatchedLayerNorm, BatchedLinear, BatchedNetwork
 from sac_spectral.core.precision import full
@@ -72,7 +94,8 @@ class CrossQConfig:
 class BatchRenorm(BatchedLayerNorm):
     """Batch renormalization over the batch axis of ``[M, B, F]``, per member: gain and shift
     ``[M, F]``, running mean and variance ``[M, F]``. It uses the running statistics unless
-    ``batch`` is set, and moves them only when ``update`` is set too (:func:`batch_statistics`).
+    ``batch`` is set (:func:`batch_statistics`), and moves them only when ``update`` is set too
+    (:func:`moving_statistics`).
     It computes in fp32 whatever its input (``precision=bf16``: a bf16 layer's output), as the
     other norms keep their parameters, so the running statistics stay fp32."""
 
@@ -107,37 +130,46 @@ class BatchRenorm(BatchedLayerNorm):
 
 
 @contextlib.contextmanager
-def batch_statistics(net: nn.Module, update: bool) -> Iterator[None]:
-    """Inside: ``net``'s batch renormalization uses batch statistics (and moves its running ones
-    if ``update``)."""
+def _renorm_flag(net: nn.Module, flag: str) -> Iterator[None]:
     layers = [m for m in net.modules() if isinstance(m, BatchRenorm)]
     for m in layers:
-        m.batch, m.update = True, update
+        setattr(m, flag, True)
     try:
         yield
     finally:
         for m in layers:
-            m.batch = m.update = False
+            setattr(m, flag, False)
+
+
+def batch_statistics(net: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Inside: ``net``'s batch renormalization uses batch statistics."""
+    return _renorm_flag(net, "batch")
+
+
+def moving_statistics(net: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Inside: ``net``'s batch renormalization moves its running statistics where it uses batch ones."""
+    return _renorm_flag(net, "update")
 
 
 class RenormMLP(BatchedNetwork):
-    """``M`` MLPs ``BRN → [Linear → activation → BRN] × k → Linear`` (``init``: orthogonal with gain
-    √2, or torch's); the activation keeps the width (:data:`ACTIVATIONS`' multiplier 1)."""
+    """``M`` MLPs ``BRN → [Linear → activation → BRN] × k → Linear`` to ``width`` outputs (``init``:
+    orthogonal with gain √2, or torch's); the activation keeps the width (:data:`ACTIVATIONS`'
+    multiplier 1)."""
 
     def __init__(self, members: int, in_dim: int, hidden: list[int], opts: CrossQConfig, activation: str = "relu",
-                 init: str = "orthogonal", generators: list[torch.Generator] | None = None) -> None:
+                 init: str = "orthogonal", generators: list[torch.Generator] | None = None, width: int = 1) -> None:
         super().__init__()
         self._act, width_mult = ACTIVATIONS[activation]
         if width_mult != 1:
             raise ValueError(f"batch renormalization keeps each hidden layer's width; '{activation}' changes it")
         gens = per_member(generators, members)
-        self.members, self.in_dim, self.out_dims = members, in_dim, (1,)
+        self.members, self.in_dim, self.out_dims = members, in_dim, (width,)
         self.in_norm = BatchRenorm(members, in_dim, opts)
         dims = [in_dim, *hidden]
         self.layers = nn.ModuleList(BatchedLinear(members, a, b, init=init, gain=_GAIN, generators=gens)
                                     for a, b in zip(dims, hidden))
         self.norms = nn.ModuleList(BatchRenorm(members, h, opts) for h in hidden)
-        self.heads = nn.ModuleList([BatchedLinear(members, dims[-1], 1, init=init, gain=_GAIN, generators=gens)])
+        self.heads = nn.ModuleList([BatchedLinear(members, dims[-1], width, init=init, gain=_GAIN, generators=gens)])
 
     def output_layers(self) -> list[nn.Module]:
         return list(self.heads)
@@ -167,14 +199,25 @@ class RenormMLP(BatchedNetwork):
 
 
 @register_agent("crossq", config=CrossQConfig)
-class CrossQ(SAC):
+class CrossQ(ActorCritic):
     """``len(seeds)`` independent CrossQ agents in member-batched networks."""
 
+    sections = ("alpha",)  # SAC's temperature options
     compiles = False
     actor_delay = "crossq.policy_delay"
+    coupled = True
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
-        super().__init__(obs_dim, act_dim, cfg, streams, device)
+        super().__init__(obs_dim, act_dim, cfg, streams)
+        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim)}
+        self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
+        nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
+        self.actor, self.critic = nets["actor"], nets["critic"]
+        self.log_alpha = temperature(self.num_seeds, cfg.alpha.init, cfg.alpha.learn)
+        self.to(device)
+        self._train_actor_critic(actor_groups(self.actor, self.log_alpha, cfg.actor.lr, cfg.alpha.lr),
+                                 betas=(cfg.crossq.adam_beta1, BETAS[1]))
+        self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
         zeros = torch.zeros(self.num_seeds, device=device)
         self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
 
@@ -184,8 +227,15 @@ class CrossQ(SAC):
         actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         c = cfg.critic
         critic = RenormMLP(members * c.num_critics, obs_dim + act_dim, list(c.hidden), cfg.crossq, c.activation, c.init,
-                           member_generators(streams, c.num_critics))
+                           member_generators(streams, c.num_critics), cls.critic_width)
         return {"actor": actor, "critic": critic}
+
+    @classmethod
+    def export_policy(cls, cfg: Any, actor_state: dict[str, Tensor]) -> nn.Module:
+        members, obs_dim, act_dim = actor_dims(actor_state)
+        actor = make_actor(members, obs_dim, act_dim, cfg.actor)
+        actor.load_state_dict(actor_state)
+        return ExportedPolicy(actor, functools.partial(tanh_gaussian_actions, cfg.actor), act_dim)
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -198,42 +248,57 @@ class CrossQ(SAC):
         check(ACTIVATIONS[c.activation][1] == 1, "critic.activation",
               f"crossq renormalizes each hidden layer's units; '{c.activation}' changes the width")
 
-    def _train_actor_critic(self, actor_groups: list[dict[str, Any]] | None = None,
-                            betas: tuple[float, float] = (0.9, 0.999)) -> None:
-        super()._train_actor_critic(actor_groups, (self.cfg.crossq.adam_beta1, betas[1]))
+    # ----------------------------------------------------------------------------- losses
+    def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
+        return tanh_gaussian(*actor_mean_log_std(self.actor, obs, self.cfg.actor), noise)
 
-    def critic_losses(self, batch: Metrics, noise: Tensor, update: bool = False) -> tuple[Tensor, Tensor]:
-        """Per-example TD losses ``[N, C, B]`` and Q-values. With ``update`` (the critic step): one
-        forward of ``(s, a)`` and ``(s′, a′)`` with batch statistics, moving the running ones. Without
-        (diagnostics): at the running statistics, where examples do not interact, ``(s′, a′)`` apart."""
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` and Q-values of one forward of ``(s, a)`` and
+        ``(s′, a′)`` with batch statistics (``a′`` by ``noise["next_action"]``), the target
+        ``r + γ(1 − terminated)(min_j Q_j(s′, a′) − α log π(a′|s′))`` held fixed."""
         n, b = batch["obs"].shape[:2]
         with torch.no_grad():
-            next_action, next_logp = self.policy(batch["next_obs"], noise)
-        if update:
-            x = torch.cat([self.critic_inputs(batch["obs"], batch["action"]),
-                           self.critic_inputs(batch["next_obs"], next_action)], dim=1)
-            with batch_statistics(self.critic, update=True):
-                both = self.critic(x).view(n, self.num_critics, 2 * b)
-            q, next_q = both[..., :b], both[..., b:].detach()
-        else:
-            q = self.q_values(self.critic, batch["obs"], batch["action"])
-            with torch.no_grad():
-                next_q = self.q_values(self.critic, batch["next_obs"], next_action)
+            next_action, next_logp = self.policy(batch["next_obs"], noise["next_action"])
+        x = torch.cat([self.critic_inputs(batch["obs"], batch["action"]),
+                       self.critic_inputs(batch["next_obs"], next_action)], dim=1)
+        with batch_statistics(self.critic):
+            both = self.critic(x).view(n, self.num_critics, 2 * b, *head_shape(self.critic_width))
+        q, next_q = both[:, :, :b], both[:, :, b:].detach()
         alpha = self.log_alpha.detach().exp().unsqueeze(-1)
-        target = batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q.amin(dim=1) - alpha * next_logp)
+        target = td_target(batch, next_q.amin(dim=1) - alpha * next_logp, self.cfg.gamma)
         return (q - target.unsqueeze(1)).square(), q
 
-    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """The TD losses of the joint forward with batch statistics, moving the running ones."""
-        return self.critic_losses(batch, noise[0], update=True)
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """Per-example ``α log π(ã_i|s_i) − min_j Q_j(s_i, ã_i)`` ``[N, B]`` on the critics at their
+        running statistics, weights detached, with ``ã_i`` by ``noise["action"]``, and ``log π``."""
+        obs = batch["obs"]
+        action, logp = self.policy(obs, noise["action"])
+        q_pi = self.q_values(self.critic, obs, action, detach=True).amin(dim=1)
+        return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 
+    # ----------------------------------------------------------------------------- the update
     def steps(self, update: int) -> list[NetStep]:
         """The critic step; every ``policy_delay``-th update also the actor and temperature step."""
         critic = NetStep("critic", self.critic_step)
         return [critic] if update % self.cfg.crossq.policy_delay else [critic, NetStep("actor", self.actor_step)]
 
+    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses`, moving the running statistics."""
+        with moving_statistics(self.critic):
+            return td_step(*self.critic_losses(batch, noise))
+
+    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """Actor loss ``mean_i ℓ_{n,i}`` of :meth:`actor_losses` plus the temperature loss, as SAC's."""
+        losses, logp = self.actor_losses(batch, noise)
+        return soft_actor_step(losses, logp, self.log_alpha, self.target_entropy, self.cfg.alpha.learn)
+
+    # ----------------------------------------------------------------------------- resets and metrics
     def reset(self, last: int | None = None) -> None:
-        """SAC's reset; the re-drawn renormalization layers restart their running statistics."""
+        """The engine's reset (a full one also resets α and its Adam state); the re-drawn
+        renormalization layers restart their running statistics."""
+        if last is None:
+            reset_temperature(self.log_alpha, self.trained["actor"].optimizer, self.cfg.alpha.init)
         super().reset(last)
         for m in self.critic.tail(last):
             if isinstance(m, BatchRenorm):
@@ -241,3 +306,6 @@ class CrossQ(SAC):
                 m.running_var.fill_(1.0)
                 m.steps.zero_()
 
+    def metrics(self) -> Metrics:
+        """Per-seed ``[N]`` temperature and regularizer metrics."""
+        return {"alpha": self.log_alpha.detach().exp(), **super().metrics()}

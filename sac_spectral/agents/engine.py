@@ -3,7 +3,9 @@
 An agent declares its **trained networks** in one table (:class:`Trained`: module, optimizer, its
 config section with the regularizer specs, members per seed, the network's input for a batch and an
 optional target network), and its update as a list of **steps** (:class:`NetStep`: the network, its
-loss as a function of the batch and noise, and an optional ``after()`` such as a Polyak step).
+loss as a function of the batch and noise, and an optional ``after()`` such as a Polyak step), and
+what it draws (:attr:`Engine.draws`: named shapes of standard normals, drawn for every update
+from each seed's ``sample`` stream).
 :class:`Engine` runs every update, for every agent, as
 
     loss → penalties → gradient → optimizer step → the network's interventions (``after_step``)
@@ -35,7 +37,17 @@ from torch import Tensor, nn
 
 from sac_spectral.agents.compiled import Compiled
 from sac_spectral.agents.replay import ReplayBuffer
-from sac_spectral.agents.steps import Metrics, NetStep, Segment, intervenes
+from sac_spectral.agents.steps import (
+    Draws,
+    Metrics,
+    NetStep,
+    Noise,
+    Segment,
+    draw_shapes,
+    draw_size,
+    intervenes,
+    split_draws,
+)
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.precision import make_precision
 from sac_spectral.core.reinit import reset_layers
@@ -50,8 +62,9 @@ class Trained:
     config section (``regularizers`` specs, ``activation``), its input for a training batch
     (``inputs(batch) → [M, B, ·]``: what interventions probe, input statistics observe and
     diagnostics measure features on), the target network that follows it, if any, and its
-    per-example losses for the gradient-rank diagnostics (``losses(batch, noise) → [M, B]``, noise
-    ``[rows, N, B, A]``: what the update averages). The engine adds the built regularizers."""
+    per-example losses (``losses(batch, noise) → [M, B]``, noise by name: what its update averages
+    and the gradient-rank diagnostics differentiate; ``coupled`` where one example's loss depends on
+    the others', through batch statistics). The engine adds the built regularizers."""
 
     module: BatchedNetwork
     optimizer: torch.optim.Optimizer
@@ -59,7 +72,8 @@ class Trained:
     members: int
     inputs: Callable[[Metrics], Tensor]
     target: BatchedNetwork | None = None
-    losses: Callable[[Metrics, Tensor], Tensor] | None = None
+    losses: Callable[[Metrics, Noise], Tensor] | None = None
+    coupled: bool = False
     regularizers: list[Regularizer] = field(default_factory=list)
 
 
@@ -74,7 +88,7 @@ class Eager:
     def segments(self, steps: Sequence[NetStep]) -> list[Segment]:
         return [Segment((step,)) for step in steps]
 
-    def run(self, segment: Segment, batch: Metrics, noise: Tensor) -> Metrics:
+    def run(self, segment: Segment, batch: Metrics, noise: Noise) -> Metrics:
         """The step's loss (under the precision's forward), penalties, gradient and optimizer step."""
         (step,) = segment.steps
         engine, trained = self.engine, self.engine.trained[step.net]
@@ -100,14 +114,12 @@ def row_major(t: Tensor) -> Tensor:
 
 class Engine(nn.Module):
     """The shared body of every agent (see the module docstring). A subclass builds its networks,
-    then calls :meth:`_train` with its table; it writes :meth:`steps` and its losses."""
+    then calls :meth:`_train` with its table; it writes :meth:`steps` and its losses, and declares
+    :attr:`draws`."""
 
     name: ClassVar[str]
     #: whether ``compile: true`` compiles its update (from :meth:`steps`)
     compiles: ClassVar[bool] = True
-    #: rows of standard-normal noise ``[rows, N, B, A]`` each update (at least: :meth:`update_noise_rows`)
-    #: and each diagnostics probe draws (SAC: next and current actions)
-    noise_rows: ClassVar[int] = 2
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams) -> None:
         super().__init__()
@@ -118,6 +130,9 @@ class Engine(nn.Module):
         self.last_metrics: Metrics = {}
         self.trained: dict[str, Trained] = {}
         self._batch: Metrics = {}
+        #: what one update (and one diagnostics probe) draws per seed, by name, in this order:
+        #: shapes of standard normals, :data:`~sac_spectral.agents.steps.BATCH` for the batch axis
+        self.draws: Draws = {}
 
     def _train(self, table: dict[str, Trained], precision: str) -> None:
         """Train the networks of ``table``: their regularizers, the precision (bf16 copies of every
@@ -173,8 +188,8 @@ class Engine(nn.Module):
         """The steps of update number ``update`` (counted from 1), in their order."""
         raise NotImplementedError
 
-    def update(self, batch: Metrics, noise: Tensor) -> Metrics:
-        """One update of every seed on ``batch`` ``[N, B, ...]`` with ``noise`` ``[rows, N, B, A]``:
+    def update(self, batch: Metrics, noise: Noise) -> Metrics:
+        """One update of every seed on ``batch`` ``[N, B, ...]`` with the named ``noise`` of :attr:`draws`:
         the loop of the module docstring over :meth:`steps`. Returns every step's latest per-seed
         metrics (device tensors, no host sync)."""
         self._batch, update = batch, self.num_updates + 1
@@ -189,16 +204,13 @@ class Engine(nn.Module):
         self.num_updates = update
         return dict(self.last_metrics)
 
-    def update_noise_rows(self, batch_size: int) -> int:
-        """Rows of noise an update on ``batch_size`` transitions draws: :attr:`noise_rows` (REDQ may
-        need more for its subset)."""
-        return self.noise_rows
-
-    def draw_noise(self, count: int, batch_size: int) -> Tensor:
-        """``[count, rows, N, B, A]`` noise of ``count`` updates (:meth:`update_noise_rows` rows) from
-        each seed's ``sample`` stream, in :func:`row_major` strides."""
-        shape = (count, self.update_noise_rows(batch_size), batch_size, self.act_dim)
-        return row_major(self.streams.randn("sample", shape).permute(1, 2, 0, 3, 4))
+    def draw_noise(self, count: int, batch_size: int) -> Noise:
+        """The named noise of ``count`` updates on ``batch_size`` transitions, each ``[count, N,
+        *shape]`` in :func:`row_major` strides: from each seed's ``sample`` stream, update after
+        update, and within one the names of :attr:`draws` one after another."""
+        shapes = draw_shapes(self.draws, batch_size)
+        flat = self.streams.randn("sample", (count, draw_size(shapes)))
+        return {name: row_major(v.transpose(0, 1)) for name, v in split_draws(flat, shapes).items()}
 
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int,
                     before_last: Callable[[], None] | None = None) -> Metrics:
@@ -218,12 +230,13 @@ class Engine(nn.Module):
             if size > 1:
                 self._batch = {k: v[r + size - 1] for k, v in data.items()}
                 plan = tuple(tuple(self.steps(u)) for u in range(self.num_updates + 1, self.num_updates + 1 + size))
-                self.last_metrics.update(self.backend.block(plan, {k: v[r : r + size] for k, v in data.items()}, noise[r : r + size]))
+                self.last_metrics.update(self.backend.block(plan, {k: v[r : r + size] for k, v in data.items()},
+                                                            {k: v[r : r + size] for k, v in noise.items()}))
                 self.num_updates += size
             else:
                 batch = {k: v[r] for k, v in data.items()}
                 self.observe(batch)
-                self.update(batch, noise[r])
+                self.update(batch, {k: v[r] for k, v in noise.items()})
             r += size
         return dict(self.last_metrics)
 

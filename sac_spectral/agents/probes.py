@@ -3,8 +3,12 @@ batch, the config section.
 
 The losses are each network's own per-example losses as the agent declares them in its table
 (:attr:`~sac_spectral.agents.engine.Trained.losses`: for the actor-critic agents the TD loss of
-every critic member, target held fixed, and SAC's ``α log π − min Q``, TD3's ``−Q_1``, on detached
-critics), so the diagnostics differentiate exactly what the update minimizes (it takes their means).
+every critic member, target held fixed — REDQ's on its update's random subset, CrossQ's in its
+joint forward with batch statistics — and SAC's ``α log π − min Q``, TD3's ``−Q_1``, on detached
+critics), with the noise an update draws, so the diagnostics differentiate exactly what the update
+minimizes (it takes their means). Where the losses couple the examples (``Trained.coupled``:
+CrossQ's batch statistics) the gradients are the ``jacobian`` method's, each example's loss
+through the whole batch's forward.
 
 The probe batch and its noise come from generators seeded by ``derive_seed(seed, "diagnostics/<k>")``
 for the ``k``-th update count: the agent's own random streams and the global torch generator are
@@ -23,6 +27,7 @@ from torch import Tensor, nn
 
 from sac_spectral.agents.plasticity import feature_scalars
 from sac_spectral.agents.replay import distinct_rows
+from sac_spectral.agents.steps import Noise, draw_shapes, draw_size, per_example, split_draws
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.diagnostics.gradients import METHODS, LossFn
 from sac_spectral.diagnostics.metrics import DEFAULT_RTOL
@@ -55,28 +60,31 @@ class DiagnosticsConfig:
 
 def probe_batch(
     agent: Agent, buffer: ReplayBuffer, batch_size: int, seeds: Sequence[int], tick: int
-) -> tuple[dict[str, Tensor], Tensor]:
+) -> tuple[dict[str, Tensor], Noise]:
     """``[N, B, ...]`` distinct transitions (``B = min(batch_size, len(buffer))``, drawn without
-    replacement so that no row of the gradient matrix repeats) and ``[rows, N, B, A]`` noise, from
+    replacement so that no row of the gradient matrix repeats) and the noise an update on them
+    draws (:attr:`~sac_spectral.agents.engine.Engine.draws`, each ``[N, *shape]``), from
     generators of their own."""
     if len(buffer) == 0:
         raise RuntimeError("cannot draw a probe batch from an empty replay buffer")
     idx, gens = distinct_rows(buffer, batch_size, seeds, f"diagnostics/{tick}")
-    rows = agent.noise_rows
-    noise = torch.stack([torch.randn((rows, idx.shape[1], agent.act_dim), generator=g, device=g.device) for g in gens], dim=1)
-    return buffer.gather(idx), noise
+    shapes = draw_shapes(agent.draws, idx.shape[1])
+    flat = torch.stack([torch.randn((draw_size(shapes),), generator=g, device=g.device) for g in gens])
+    return buffer.gather(idx), split_draws(flat, shapes)
 
 
-
-def network_loss(agent: Agent, net: str, batch: dict[str, Tensor], noise: Tensor) -> tuple[LossFn, dict[str, Tensor]]:
+def network_loss(agent: Agent, net: str, batch: dict[str, Tensor], noise: Noise) -> tuple[LossFn, dict[str, Tensor]]:
     """Closure ``(module, probe) → [M, B]``: network ``net``'s per-example losses as the agent
-    declares them (:attr:`~sac_spectral.agents.engine.Trained.losses`, with the update's ``noise``
-    ``[rows, N, B, A]``), and its probe (the batch with the noise, every tensor ``[N, B, ·]``)."""
-    probe = {**batch, "noise": noise.movedim(0, 2)}
+    declares them (:attr:`~sac_spectral.agents.engine.Trained.losses`, with the update's named
+    ``noise``), and its probe: the batch with the per-example draws (``noise/<name>``), every tensor
+    ``[N, B, ·]``; the draws of the whole batch (REDQ's subset) are the closure's."""
+    examples = per_example(agent.draws)
+    probe = {**batch, **{f"noise/{name}": noise[name] for name in examples}}
+    shared = {name: v for name, v in noise.items() if name not in examples}
     losses = agent.trained[net].losses
 
     def loss(module: nn.Module, b: dict[str, Tensor]) -> Tensor:
-        return losses(b, b["noise"].movedim(2, 0))
+        return losses(b, {**{name: b[f"noise/{name}"] for name in examples}, **shared})
 
     return loss, probe
 
@@ -87,16 +95,18 @@ def hidden_features(agent: Agent, batch: dict[str, Tensor]) -> dict[str, list[Te
     return {net: list(t.module(t.inputs(batch), return_hidden=True)[1]) for net, t in agent.trained.items()}
 
 
-def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Tensor, cfg: DiagnosticsConfig) -> dict[str, Report]:
+def agent_diagnostics(agent: Agent, batch: dict[str, Tensor], noise: Noise,
+                      cfg: DiagnosticsConfig) -> dict[str, Report]:
     """``{net: Report}`` for every trained network with per-example losses, on a probe ``batch``
-    ``[N, B, ...]`` with ``noise`` ``[rows, N, B, A]``; values are per member."""
+    ``[N, B, ...]`` with its named ``noise``; values are per member."""
     features = hidden_features(agent, batch)
     out = {}
     for net, t in agent.trained.items():
         if t.losses is None:
             continue
         loss, probe = network_loss(agent, net, batch, noise)
-        rep = network_diagnostics(t.module, loss, probe, net, features[net], cfg.tau, example_dim=1, method=cfg.method,
+        method = "jacobian" if t.coupled else cfg.method
+        rep = network_diagnostics(t.module, loss, probe, net, features[net], cfg.tau, example_dim=1, method=method,
                                   rtol=cfg.rtol, per_layer=cfg.per_layer)
         rep.scalars.update(feature_scalars(agent, net, features[net], t.inputs(batch), None, t.cfg.activation))
         if not cfg.histograms:

@@ -1,5 +1,6 @@
 """Randomized Ensembled Double Q-learning (REDQ; Chen, Wang, Zhou & Ross, "Randomized Ensembled
-Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, on SAC's networks.
+Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, on SAC's networks,
+policy and temperature (:mod:`~sac_spectral.agents.networks`).
 
 - An ensemble of ``N = critic.num_critics`` Q-networks (10 in the paper) with target copies.
 - Target with a random subset ``𝓜`` of ``M = redq.num_min`` (2) of them, drawn anew every update:
@@ -11,10 +12,9 @@ Double Q-Learning: Learning Fast Without a Model", ICLR 2021), member-batched, o
   ``policy_delay = G`` the actor takes one step per env step, after that step's last critic
   update, as the authors' code does.
 
-The subset of each seed and update comes from the update's noise: a third row of standard
-normals, whose first ``N`` values' ranks are a uniformly random permutation (the first ``M`` of
-it are the subset), so compiled updates draw exactly what eager ones draw. Where a row holds fewer
-than ``N`` normals (``batch_size·|A| < N``), the update draws as many more rows as that takes.
+The subset of each seed and update comes from the update's noise: besides SAC's draws, ``N``
+standard normals (``subset``), whose ranks are a uniformly random permutation (the first ``M`` of
+it are the subset), so compiled updates draw exactly what eager ones draw.
 Steps are sequential (critic step, Polyak step, then actor and temperature on the updated
 critics), as this package's SAC; the authors' code forms the actor's loss before the critics' step.
 
@@ -23,16 +23,28 @@ Run config: ``run_configs/redq.yaml`` (N = 10, M = 2, UTD 20, target entropy −
 
 from __future__ import annotations
 
-import math
+import copy
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from sac_spectral.agents.base import register_agent
-from sac_spectral.agents.sac import SAC
-from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators, td_step, td_target
+from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.networks import (
+    actor_groups,
+    actor_mean_log_std,
+    make_actor,
+    make_critic,
+    reset_temperature,
+    soft_actor_step,
+    tanh_gaussian,
+    tanh_gaussian_actions,
+    temperature,
+)
+from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.seeding import SeedStreams
 
@@ -55,16 +67,40 @@ def random_subset(noise: Tensor, size: int, of: int) -> Tensor:
 
 
 @register_agent("redq", config=REDQConfig)
-class REDQ(SAC):
+class REDQ(ActorCritic):
     """``len(seeds)`` independent REDQ agents in member-batched networks."""
 
-    noise_rows = 3
+    sections = ("alpha",)  # SAC's temperature options
     actor_delay = "redq.policy_delay"
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
-        super().__init__(obs_dim, act_dim, cfg, streams, device)
+        super().__init__(obs_dim, act_dim, cfg, streams)
+        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim), "subset": (self.num_critics,)}
+        self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
+        nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
+        self.actor, self.critic, self.target_critic = nets["actor"], nets["critic"], nets["target_critic"]
+        self.log_alpha = temperature(self.num_seeds, cfg.alpha.init, cfg.alpha.learn)
+        self.to(device)
+        self._train_actor_critic(actor_groups(self.actor, self.log_alpha, cfg.actor.lr, cfg.alpha.lr))
+        self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
+        self._polyak = self.polyak("critic")
         zeros = torch.zeros(self.num_seeds, device=device)
         self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
+
+    @classmethod
+    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
+        actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
+        critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
+                             member_generators(streams, cfg.critic.num_critics), cls.critic_width)
+        return {"actor": actor, "critic": critic, "target_critic": copy.deepcopy(critic).requires_grad_(False)}
+
+    @classmethod
+    def export_policy(cls, cfg: Any, actor_state: dict[str, Tensor]) -> nn.Module:
+        members, obs_dim, act_dim = actor_dims(actor_state)
+        actor = make_actor(members, obs_dim, act_dim, cfg.actor)
+        actor.load_state_dict(actor_state)
+        return ExportedPolicy(actor, functools.partial(tanh_gaussian_actions, cfg.actor), act_dim)
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -73,43 +109,60 @@ class REDQ(SAC):
         n, m = cfg.critic.num_critics, cfg.redq.num_min
         check(m <= n, "redq.num_min", f"must be <= critic.num_critics ({n}): the target's subset is drawn from the ensemble, got {m}")
 
-    def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor | None = None) -> Tensor:
-        """``[N, B]`` target on the minimum of the critics in ``subset`` ``[N, M]`` (drawn from
-        ``noise`` when not given, as the diagnostics' probes do)."""
-        with torch.no_grad():
-            if subset is None:
-                subset = random_subset(noise, self.cfg.redq.num_min, self.num_critics)
-            next_obs = batch["next_obs"]
-            next_action, next_logp = self.policy(next_obs, noise)
-            next_q = self.q_values(self.target_critic, next_obs, next_action)
-            next_q = next_q.gather(1, subset.unsqueeze(-1).expand(-1, -1, next_q.shape[-1])).amin(dim=1)
-            alpha = self.log_alpha.exp().unsqueeze(-1)
-            return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * (next_q - alpha * next_logp)
+    # ----------------------------------------------------------------------------- losses
+    def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
+        return tanh_gaussian(*actor_mean_log_std(self.actor, obs, self.cfg.actor), noise)
 
-    def critic_losses(self, batch: Metrics, noise: Tensor, subset: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Per-example TD losses ``[N, C, B]`` of every critic against the subset's target, and the Q-values."""
-        target = self.critic_target(batch, noise, subset)
+    @torch.no_grad()
+    def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor) -> Tensor:
+        """``[N, B]`` target on the minimum of the target critics in ``subset`` ``[N, M]``, next
+        actions by ``noise [N, B, A]``."""
+        next_obs = batch["next_obs"]
+        next_action, next_logp = self.policy(next_obs, noise)
+        next_q = self.q_values(self.target_critic, next_obs, next_action)
+        next_q = next_q.gather(1, subset.unsqueeze(-1).expand(-1, -1, next_q.shape[-1])).amin(dim=1)
+        return td_target(batch, next_q - self.log_alpha.exp().unsqueeze(-1) * next_logp, self.cfg.gamma)
+
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` of every critic against the target of this update's
+        subset (drawn from ``noise["subset"]``), and the Q-values."""
+        subset = random_subset(noise["subset"], self.cfg.redq.num_min, self.num_critics)
+        target = self.critic_target(batch, noise["next_action"], subset)
         q = self.q_values(self.critic, batch["obs"], batch["action"])
         return (q - target.unsqueeze(1)).square(), q
 
-    def update_noise_rows(self, batch_size: int) -> int:
-        """SAC's two rows, then the subset's: one, or as many as hold ``N`` normals when ``B·A < N``."""
-        return 2 + math.ceil(self.num_critics / (batch_size * self.act_dim))
-
-    def update_td_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """The TD losses on the target of this update's subset (``noise[2:]``, ``noise[2]`` first)."""
-        subset = random_subset(noise[2:].movedim(0, 1), self.cfg.redq.num_min, self.num_critics)
-        return self.critic_losses(batch, noise[0], subset)
-
-    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic
-        weights, and ``log π``."""
-        action, logp = self.policy(obs, noise)
+        weights, with ``ã_i`` by ``noise["action"]``, and ``log π``."""
+        obs = batch["obs"]
+        action, logp = self.policy(obs, noise["action"])
         q_pi = self.q_values(self.critic, obs, action, detach=True).mean(dim=1)
         return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 
+    # ----------------------------------------------------------------------------- the update
     def steps(self, update: int) -> list[NetStep]:
         """The critic step and the Polyak step; every ``policy_delay``-th update also the actor and
         temperature step."""
         critic = NetStep("critic", self.critic_step, self._polyak)
         return [critic] if update % self.cfg.redq.policy_delay else [critic, NetStep("actor", self.actor_step)]
+
+    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses`; metrics: critic loss and mean Q."""
+        return td_step(*self.critic_losses(batch, noise))
+
+    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """Actor loss ``mean_i ℓ_{n,i}`` of :meth:`actor_losses` plus the temperature loss, as SAC's."""
+        losses, logp = self.actor_losses(batch, noise)
+        return soft_actor_step(losses, logp, self.log_alpha, self.target_entropy, self.cfg.alpha.learn)
+
+    # ----------------------------------------------------------------------------- resets and metrics
+    def reset(self, last: int | None = None) -> None:
+        """The engine's reset; a full one also resets α and its Adam state."""
+        if last is None:
+            reset_temperature(self.log_alpha, self.trained["actor"].optimizer, self.cfg.alpha.init)
+        super().reset(last)
+
+    def metrics(self) -> Metrics:
+        """Per-seed ``[N]`` temperature and regularizer metrics."""
+        return {"alpha": self.log_alpha.detach().exp(), **super().metrics()}

@@ -12,7 +12,9 @@ Error in Actor-Critic Methods"), member-batched.
 Defaults (the authors' code): ``σ̃ = 0.2`` (``td3.policy_noise``), ``c = 0.5`` (``td3.noise_clip``),
 ``d = 2`` (``td3.policy_delay``), ``σ_x = 0.1`` (``td3.exploration_noise``); ``γ``, ``τ``, networks,
 learning rates, batch and regularizers are the run's (``gamma``, ``tau``, ``actor.*``, ``critic.*``).
-Noise ``ε`` comes from each seed's ``sample`` stream (``noise[0]`` of an update; ``noise[1]`` is unused).
+Noise ``ε`` comes from each seed's ``sample`` stream: an update draws ``next_action`` (the smoothing
+noise) and ``action``, which the deterministic actor leaves unused (drawn so that TD3 draws what it
+always has).
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators
+from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators, td_step, td_target
 from sac_spectral.agents.base import actor_dims, register_agent
 from sac_spectral.agents.networks import make_critic
-from sac_spectral.agents.steps import Metrics, NetStep
+from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, option
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.precision import full
@@ -73,12 +75,13 @@ class TD3(ActorCritic):
                  device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.opts = cfg.td3
+        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim)}  # "action": unused
         nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
         self.actor, self.critic = nets["actor"], nets["critic"]
         self.target_actor, self.target_critic = nets["target_actor"], nets["target_critic"]
         self.to(device)
         self._train_actor_critic()
-        self._acting = functools.partial(deterministic_actions, self.opts.exploration_noise)
+        self.acting = functools.partial(deterministic_actions, self.opts.exploration_noise)
         self._polyak = self.polyak("critic", "actor")
         self.last_metrics["loss/actor"] = torch.zeros(self.num_seeds, device=device)
 
@@ -87,7 +90,7 @@ class TD3(ActorCritic):
                  streams: SeedStreams | None = None) -> dict[str, nn.Module]:
         actor = make_deterministic_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
-                             member_generators(streams, cfg.critic.num_critics))
+                             member_generators(streams, cfg.critic.num_critics), cls.critic_width)
         return {"actor": actor, "critic": critic, "target_actor": copy.deepcopy(actor).requires_grad_(False),
                 "target_critic": copy.deepcopy(critic).requires_grad_(False)}
 
@@ -98,29 +101,26 @@ class TD3(ActorCritic):
         actor.load_state_dict(actor_state)
         return ExportedPolicy(actor, functools.partial(deterministic_actions, cfg.td3.exploration_noise), act_dim)
 
-    # ----------------------------------------------------------------------------- acting and losses
-    @torch.inference_mode()
-    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
-        """Actions ``[N, A]``: ``μ(s)``, plus clipped exploration noise unless ``deterministic``."""
-        noise = None if deterministic else self.streams.randn("act", (1, self.act_dim))
-        return self._acting(self.actor, obs.unsqueeze(1), noise).squeeze(1)
-
+    # ----------------------------------------------------------------------------- losses
     @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Tensor) -> Tensor:
-        """``[N, B]`` target ``r + γ(1 − terminated)·min_j Q′_j(s′, ã′)`` with the smoothed target action."""
+        """``[N, B]`` target ``r + γ(1 − terminated)·min_j Q′_j(s′, ã′)`` with the target action
+        smoothed by ``noise [N, B, A]``."""
         smoothing = (self.opts.policy_noise * noise).clamp(-self.opts.noise_clip, self.opts.noise_clip)
         next_action = (torch.tanh(full(self.target_actor(batch["next_obs"]))) + smoothing).clamp(-1.0, 1.0)
         next_q = self.q_values(self.target_critic, batch["next_obs"], next_action).amin(dim=1)
-        return batch["reward"] + self.cfg.gamma * (1.0 - batch["terminated"]) * next_q
+        return td_target(batch, next_q, self.cfg.gamma)
 
-    def critic_losses(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-example TD losses ``[N, C, B]`` (target held fixed) and the Q-values ``[N, C, B]``."""
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """Per-example TD losses ``[N, C, B]`` (target held fixed, smoothed by ``noise["next_action"]``)
+        and the Q-values ``[N, C, B]``."""
         q = self.q_values(self.critic, batch["obs"], batch["action"])
-        return (q - self.critic_target(batch, noise).unsqueeze(1)).square(), q
+        return (q - self.critic_target(batch, noise["next_action"]).unsqueeze(1)).square(), q
 
-    def actor_losses(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example actor losses ``−Q_1(s_i, μ(s_i))`` ``[N, B]`` on detached critic weights, and
-        the actions' mean absolute value ``[N, B]`` (``noise`` is unused: the actor is deterministic)."""
+        the actions' mean absolute value ``[N, B]`` (no noise: the actor is deterministic)."""
+        obs = batch["obs"]
         action = torch.tanh(full(self.actor(obs)))
         q1 = self.q_values(self.critic, obs, action, detach=True)[:, 0]
         return -q1, action.detach().abs().mean(dim=-1)
@@ -134,7 +134,11 @@ class TD3(ActorCritic):
             return [critic]
         return [critic, NetStep("actor", self.actor_step, self._polyak)]
 
-    def actor_step(self, batch: Metrics, noise: Tensor) -> tuple[Tensor, Metrics]:
+    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses`; metrics: critic loss and mean Q."""
+        return td_step(*self.critic_losses(batch, noise))
+
+    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
         """``Σ_n −mean_i Q_1(s_i, μ(s_i))``; metric: the per-seed actor loss."""
-        per_seed = self.actor_losses(batch["obs"], noise[1])[0].mean(dim=-1)
+        per_seed = self.actor_losses(batch, noise)[0].mean(dim=-1)
         return per_seed.sum(), {"loss/actor": per_seed.detach()}

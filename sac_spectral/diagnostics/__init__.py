@@ -18,6 +18,7 @@ from sac_spectral.diagnostics.features import (
     hidden_activations,
 )
 from sac_spectral.diagnostics.gradients import (
+    coupled_gradients,
     gradient_grams,
     gradient_matrix,
     gradient_spectra,
@@ -66,6 +67,7 @@ __all__ = [
     "as_floats",
     "churn",
     "condition_number",
+    "coupled_gradients",
     "dormant_fraction",
     "dormant_scores",
     "effective_lr",

@@ -28,6 +28,11 @@ eigenvalues are the squared singular values of ``G_m``. Two exact ways to form t
   ``δ_i ∘ n_i`` and ``δ_i``, so ``K = (Δ ∘ N)(Δ ∘ N)ᵀ + Δ Δᵀ``, and residual LayerNorm networks
   (BroNet, SimBa) never hold the ``B × P`` per-example gradients in memory.
 
+- ``"jacobian"``: for losses whose examples interact (batch statistics, which the other two
+  would take over a batch of one or attribute wrongly): each example's loss differentiated through
+  the whole batch's forward, ``vmap`` of the backward over one-hot cotangents (``torch.func.vjp``);
+  ``B`` backward passes of the batch, chunked alike. Exact for any closure.
+
 ``"auto"`` uses ``factored`` when every selected parameter is the weight or bias of a
 ``Linear``/``BatchedLinear`` layer or of a LayerNorm over one feature axis
 (``nn.LayerNorm``/``BatchedLayerNorm``) and the module has no batch-norm layer, else ``func``.
@@ -41,7 +46,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, vjp, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
 from sac_spectral.core.layers import layer_views
@@ -54,8 +59,8 @@ from sac_spectral.diagnostics.metrics import (
 )
 
 LossFn = Callable[[nn.Module, Any], Tensor]
-Method = Literal["auto", "func", "factored"]
-METHODS = ("auto", "func", "factored")
+Method = Literal["auto", "func", "factored", "jacobian"]
+METHODS = ("auto", "func", "factored", "jacobian")
 ALL = "all"
 DEFAULT_MAX_BYTES = 256 * 2**20
 
@@ -141,6 +146,42 @@ def per_example_gradients(
         return vmap(grad(loss), in_dims=(None, example_dim), chunk_size=chunk)(detached, batch)
 
 
+class _Whole(nn.Module):
+    """``forward(batch)``: the closure's per-example losses ``[B]`` on the whole batch (leading axes summed)."""
+
+    def __init__(self, root: nn.Module, loss_fn: LossFn) -> None:
+        super().__init__()
+        self.root, self.loss_fn = root, loss_fn
+
+    def forward(self, batch: Any) -> Tensor:
+        out = self.loss_fn(self.root, batch)
+        return out.reshape(-1, out.shape[-1]).sum(0)
+
+
+def coupled_gradients(
+    module: nn.Module,
+    loss_fn: LossFn,
+    batch: Any,
+    params: Sequence[str] | None = None,
+    chunk_size: int | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> dict[str, Tensor]:
+    """``name → [B, *param.shape]``: the gradient of each example's loss, every one through the
+    forward of the whole batch (examples may interact), as rows of the losses' Jacobian."""
+    selected = _selected(module, params, members_of(module))
+    whole = _Whole(module, loss_fn)
+
+    def losses(p: dict[str, Tensor]) -> Tensor:
+        return functional_call(whole, {f"root.{k}": v for k, v in p.items()}, (batch,))
+
+    numel = sum(p.numel() for p in selected.values())
+    chunk = chunk_size or max(1, max_bytes // (12 * numel))
+    with torch.enable_grad():
+        out, backward = vjp(losses, {k: p.detach() for k, p in selected.items()})
+        eye = torch.eye(out.shape[0], dtype=out.dtype, device=out.device)
+        return vmap(backward, chunk_size=chunk)(eye)[0]
+
+
 def gradient_matrix(grads: dict[str, Tensor], members: int = 1) -> Tensor:
     """``G: [M, B, P]`` from :func:`per_example_gradients` (member ``m``'s slice of every parameter)."""
     rows = [g.reshape(g.shape[0], members, -1).transpose(0, 1) for g in grads.values()]
@@ -149,9 +190,10 @@ def gradient_matrix(grads: dict[str, Tensor], members: int = 1) -> Tensor:
 
 def _func_grams(
     module: nn.Module, loss_fn: LossFn, batch: Any, selected: dict[str, nn.Parameter], example_dim: int,
-    members: int, chunk_size: int | None,
+    members: int, chunk_size: int | None, coupled: bool = False,
 ) -> dict[str, Tensor]:
-    grads = per_example_gradients(module, loss_fn, batch, list(selected), example_dim, chunk_size)
+    grads = (coupled_gradients(module, loss_fn, batch, list(selected), chunk_size) if coupled
+             else per_example_gradients(module, loss_fn, batch, list(selected), example_dim, chunk_size))
     groups = _layer_groups(module)
     grams: dict[str, Tensor] = {}
     for name, g in grads.items():
@@ -273,7 +315,7 @@ def gradient_grams(
             raise ValueError("method='factored' needs every selected parameter to be the weight or bias of a "
                              "Linear/BatchedLinear or LayerNorm layer (and no batch norm); use method='func'")
         return _factored_grams(module, loss_fn, batch, selected, example_dim)
-    return _func_grams(module, loss_fn, batch, selected, example_dim, members, chunk_size)
+    return _func_grams(module, loss_fn, batch, selected, example_dim, members, chunk_size, method == "jacobian")
 
 
 def gradient_spectra(
