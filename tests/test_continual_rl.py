@@ -381,3 +381,16 @@ def test_the_report_tabulates_forgetting_and_plasticity_and_correlates_the_switc
     assert (out / "continual_tasks.png").stat().st_size > 0
     # the ordinary curves follow the current task: one evaluation per step and seed
     assert len(data["methods"][method]["seeds"]) == 2
+
+
+def test_a_sequences_start_line_lists_its_stages():
+    from sac_spectral.agents.config import TrainConfig
+    from sac_spectral.apps.rl.run import describe
+    from sac_spectral.core.config import load_config
+
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "run_configs"
+    cfg = load_config(TrainConfig, configs / "sequence_cartpole_permuted.yaml")
+    assert "4 stages of 3000 steps: swingup-permuted × 4 cycles" in describe(cfg, [0], "1 thread")
+    assert "stages" not in describe(load_config(TrainConfig, configs / "quick.yaml"), [0], "1 thread")

@@ -62,6 +62,11 @@ def describe(cfg: TrainConfig, seeds: Sequence[int], threads: str) -> str:
         parts.append(f"resets ({cfg.resets.what}) at {', '.join(map(str, cfg.resets.at))}")
     if cfg.priming.updates:
         parts.append(f"priming {cfg.priming.updates} updates on the first {cfg.priming.transitions} transitions")
+    if cfg.tasks:
+        seq = cfg.sequence()
+        names = ", ".join(t.name for t in seq.tasks)
+        parts.append(f"{len(seq)} stages of {seq.steps_per_task} steps: {names}"
+                     + (f" × {seq.cycles} cycles" if seq.cycles > 1 else ""))
     parts.append(f"{cfg.device}, {threads}")
     return " | ".join(parts)
 
