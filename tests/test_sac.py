@@ -324,11 +324,11 @@ def test_a_compile_says_what_it_compiles_and_how_long_it_took(capsys):
     in silence before), says that it compiles and what a first compile takes, then how long it
     took; later calls say nothing."""
     agent = make_agent(cfg=small_cfg(compile=True))
-    agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+    agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))
     first, done = capsys.readouterr().err.splitlines()
     assert first == f"compiling the update (first time on this machine: ~{COMPILE_MINUTES} min; cached afterwards)"
     assert re.fullmatch(r"compiled the update in \d+ s", done), done
-    agent.update(random_batch(), torch.randn(2, 1, 8, 2))
+    agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))
     assert capsys.readouterr().err == ""
 
 
