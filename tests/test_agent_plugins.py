@@ -183,7 +183,7 @@ def test_a_plugins_bad_options_cost_only_that_plugin(discover, capsys):
 @pytest.mark.parametrize("overrides, error", [
     (["td3.policy_delay=3"], "td3.policy_delay is an option of agent td3; this run's agent is sac"),
     (["fixed_sac.alpha=0.1"], "fixed_sac.alpha is an option of agent fixed_sac; this run's agent is sac"),
-    (["agent=td3", "alpha.init=0.5"], "alpha.init is an option of agents sac, crossq, redq, fixed_sac; this run's agent is td3"),
+    (["agent=td3", "alpha.init=0.5"], "alpha.init is an option of agents sac, crossq, droq, redq, fixed_sac; this run's agent is td3"),
     (["agent=crossq", "redq.num_min=3"], "redq.num_min is an option of agent redq; this run's agent is crossq"),
 ], ids=["td3", "plugin", "sac", "redq"])
 def test_an_option_of_an_agent_the_run_does_not_use_is_refused(discover, overrides, error):
@@ -210,7 +210,7 @@ def test_the_options_an_agent_reads_and_every_agents_defaults_are_accepted(disco
 def test_help_lists_the_built_in_agents_and_the_installed_plugins(discover):
     discover("myagents", "fixed_sac = my_agents:FixedSAC\nbroken = not_there:Agent\n", {"my_agents": AGENT})
     line = next(line for line in help_text(TrainConfig).splitlines() if line.split()[0] == "agent")
-    assert "the agent: sac, crossq, redq, td3 (built in); plug-ins: fixed_sac [str; default: sac]" in line, line
+    assert "the agent: sac, crossq, droq, redq, td3 (built in); plug-ins: fixed_sac [str; default: sac]" in line, line
 
 
 #: a user's agent that draws from torch's global generator, as a user's first dropout agent does
