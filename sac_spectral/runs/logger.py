@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.tensorboard import SummaryWriter
 
 
 class RunLogger:
     """Writes scalars, histograms and hparams to TensorBoard event files in ``run_dir``."""
 
     def __init__(self, run_dir: Path, num_seeds: int = 1, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # TensorBoard loads here, when a run opens its directory
+
         self.run_dir, self.num_seeds = Path(run_dir), num_seeds
         self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
         self._last_return: list[float | None] = [None] * num_seeds

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from sac_spectral.core.config import ConfigError, flatten, one_line, to_dict
 from sac_spectral.core.heap import configure_heap
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint, write_json
-from sac_spectral.runs.cli import T, build_parser, describe_os_error, parse_cli, resolve_config
+from sac_spectral.runs.cli import T, build_parser, describe_os_error, parse_cli, resolve_config, set_torch_threads
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
 from sac_spectral.runs.logger import RunLogger
 from sac_spectral.runs.rundir import release_run_dirs, remove_stale_temp_files, write_config
@@ -120,9 +120,14 @@ class Loop(Protocol):
     def open_resume(self, path: Path) -> None:
         """Load the run in ``path`` (it may raise :class:`Finished`)."""
 
-    def position(self) -> str: ...
+    def __init__(self, cfg: Any, threads: str | None = None) -> None:
+        """Build the run of ``cfg`` on the torch threads chosen before (their line; None: choose them here)."""
 
-    def describe(self) -> str: ...
+    @staticmethod
+    def describe_config(cfg: Any, threads: str) -> str:
+        """One line: what a run of ``cfg`` on ``threads`` does (computed before the loop is built)."""
+
+    def position(self) -> str: ...
 
     def finite(self) -> bool: ...
 
@@ -270,22 +275,29 @@ class Run:
     # ----------------------------------------------------------------------------- the command
     @classmethod
     def main(cls, module: str, description: str, config: type[T], resumable: Iterable[str],
-             build: Callable[[T], Loop], argv: Sequence[str] | None = None) -> int:
+             build: type[Loop], argv: Sequence[str] | None = None) -> int:
         """Parse ``argv``, resolve the config, open a fresh, restarted or resumed run and execute it
         under :class:`GracefulStop`; returns the exit code (config errors propagate as ConfigError).
-        The run directory and a one-line summary of the config are printed before anything runs;
-        a resumed run that is already finished prints one line and changes nothing."""
+        A fresh run prints its one-line summary of the config before the loop is built (its envs,
+        agent and the imports they need), then its run directory; a resumed run prints where it
+        resumes, then the config line. A resumed run that is already finished prints one line and
+        changes nothing."""
         args = parse_cli(build_parser(f"python -m {module}", description, config), argv, ("--config", "--resume"))
         resolved = resolve_config(config, args, resumable)
         cfg = resolved.cfg
+        fresh = resolved.resume_dir is None or resolved.restart
         try:
             with GracefulStop() as stop:
-                loop = build(cfg)
+                threads = set_torch_threads(cfg.threads)
+                if resolved.restart:
+                    print(f"note: {resolved.resume_dir} has no checkpoint (its run stopped before the first one); "
+                          "starting it afresh from its config.yaml", file=sys.stderr)
+                if fresh:
+                    print(f"config: {build.describe_config(cfg, threads)}", file=sys.stderr, flush=True)
+                loop = build(cfg, threads)
                 if resolved.resume_dir is None:
                     print(f"run directory: {loop.open_new()}", file=sys.stderr)
                 elif resolved.restart:
-                    print(f"note: {resolved.resume_dir} has no checkpoint (its run stopped before the first one); "
-                          "starting it afresh from its config.yaml", file=sys.stderr)
                     cfg.run_dir = str(resolved.resume_dir)
                     loop.open_new()
                 else:
@@ -295,7 +307,7 @@ class Run:
                         print(done)
                         return 0
                     print(f"resuming {resolved.resume_dir} at {loop.position()}", file=sys.stderr)
-                print(f"config: {loop.describe()}", file=sys.stderr, flush=True)
+                    print(f"config: {build.describe_config(cfg, threads)}", file=sys.stderr, flush=True)
                 code = cls(module, loop, stop).execute()
                 assert loop.run_dir is not None
                 remove_stale_temp_files(loop.run_dir)

@@ -99,9 +99,9 @@ class ContinualRun:
 
     kind = KIND.name
 
-    def __init__(self, cfg: ContinualConfig) -> None:
+    def __init__(self, cfg: ContinualConfig, threads: str | None = None) -> None:
         self.cfg = cfg
-        self.threads = set_torch_threads(cfg.threads)
+        self.threads = set_torch_threads(cfg.threads) if threads is None else threads
         self.device, self.dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
         s = cfg.stream
         self.dataset = None
@@ -167,13 +167,13 @@ class ContinualRun:
         self.run_dir = path
         self.logger = RunLogger(path, purge_step=self.iteration + 1)
 
-    def describe(self) -> str:
-        """One line: what this run does."""
-        cfg = self.cfg
+    @staticmethod
+    def describe_config(cfg: ContinualConfig, threads: str) -> str:
+        """One line: what a run of ``cfg`` does."""
         data = "deep linear" if cfg.stream.kind == "deep_linear" else cfg.dataset.name
         return (f"{cfg.stream.kind} stream on {data}: {cfg.stream.num_tasks} tasks × {cfg.stream.iters_per_task} updates "
                 f"| {cfg.model.name} | {cfg.optimizer.name} lr {cfg.optimizer.lr:g} | regularizers: {run_tag(cfg)} "
-                f"| seed {cfg.seed} | {cfg.device}, {self.threads}")
+                f"| seed {cfg.seed} | {cfg.device}, {threads}")
 
     def position(self) -> str:
         t = self.cfg.stream.iters_per_task

@@ -71,6 +71,11 @@ def describe(cfg: TrainConfig, seeds: Sequence[int], threads: str) -> str:
     return " | ".join(parts)
 
 
+def run_seeds(cfg: TrainConfig) -> list[int]:
+    """The seeds of a run of ``cfg``, one per member."""
+    return [cfg.seed + i for i in range(cfg.num_seeds)]
+
+
 def simulator_steps(steps: int, action_repeat: int) -> str:
     """`` (N simulator steps at action_repeat k)`` where a step (an action of the agent) advances the
     simulator ``k > 1`` times, else nothing."""
@@ -132,11 +137,12 @@ class RLRun:
 
     kind = KIND.name
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, threads: str | None = None) -> None:
         limit = torch.get_num_threads()
-        self.cfg, self.threads, self.device = cfg, set_torch_threads(cfg.threads), torch.device(cfg.device)
+        self.cfg, self.device = cfg, torch.device(cfg.device)
+        self.threads = set_torch_threads(cfg.threads) if threads is None else threads
         self.thread_watch = ThreadWatch(limit) if cfg.threads == 0 and self.device.type == "cpu" else None
-        self.seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+        self.seeds = run_seeds(cfg)
         gl_backend()  # a MUJOCO_GL that dm_control cannot import with is one line, not its traceback
         if cfg.video_every:
             use_offscreen_rendering()  # before the first dm_control env is made
@@ -247,8 +253,9 @@ class RLRun:
             return f"step {self.step} (priming update {self.primed} of {self.cfg.priming.updates})"
         return f"step {self.step}"
 
-    def describe(self) -> str:
-        return describe(self.cfg, self.seeds, self.threads)
+    @staticmethod
+    def describe_config(cfg: TrainConfig, threads: str) -> str:
+        return describe(cfg, run_seeds(cfg), threads)
 
     def _priming_due(self) -> bool:
         return self.step >= self.cfg.priming.transitions and self.primed < self.cfg.priming.updates
