@@ -447,7 +447,7 @@ def every_registered_regularizer_in_the_continual_runner(ctx: Ctx) -> list[str]:
 
 
 def _kill_before_first_checkpoint(ctx: Ctx, rd: Path) -> None:
-    p = ctx.popen(["-m", "sac_spectral.train", *RL, "total_steps=100000", "checkpoint_every=100000", f"run_dir={rd}"])
+    p = ctx.popen(["-m", "sac_spectral.train", *RL, "total_steps=100000", "compile=false", "checkpoint_every=100000", f"run_dir={rd}"])
     deadline = time.monotonic() + 120
     while not (rd / "config.yaml").exists() and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.02)
@@ -553,7 +553,7 @@ def _kill_randomly(ctx: Ctx, tool: str, seed: int) -> list[str]:
     rd = ctx.path(f"kill_{tool}_{seed}")
     rng = random.Random(seed)
     if tool == "train":
-        argv = ["-m", "sac_spectral.train", *RL, "total_steps=1000000", "checkpoint_every=25", f"run_dir={rd}"]
+        argv = ["-m", "sac_spectral.train", *RL, "total_steps=1000000", "compile=false", "checkpoint_every=25", f"run_dir={rd}"]
     else:
         argv = ["-m", "sac_spectral.continual", *CL, "stream.num_tasks=100000", "stream.iters_per_task=5",
                 f"run_dir={rd}"]
@@ -618,7 +618,7 @@ def _signal_attack(tool: str, sig: int, twice: bool = False) -> Callable[[Ctx], 
     def fn(ctx: Ctx) -> list[str]:
         rd = ctx.path(f"signal_{tool}")
         if tool == "train":
-            argv = ["-m", "sac_spectral.train", *RL, "total_steps=1000000", f"run_dir={rd}"]
+            argv = ["-m", "sac_spectral.train", *RL, "total_steps=1000000", "compile=false", f"run_dir={rd}"]
         else:
             argv = ["-m", "sac_spectral.continual", *CL, "stream.num_tasks=100000", "stream.iters_per_task=5",
                     f"run_dir={rd}"]
@@ -1180,7 +1180,7 @@ def _eval_steps(rd: Path) -> list[int]:
 def _kill_after_two_evaluations(ctx: Ctx, rd: Path) -> list[str]:
     """kill -9 a run once evals.csv holds two evaluations, before its first checkpoint (as a crash
     between the default first evaluation and first checkpoint does)."""
-    p = ctx.popen(["-m", "sac_spectral.train", *RL, "total_steps=100000", "checkpoint_every=0", "eval_every=25",
+    p = ctx.popen(["-m", "sac_spectral.train", *RL, "total_steps=100000", "compile=false", "checkpoint_every=0", "eval_every=25",
                    f"run_dir={rd}"])
     deadline = time.monotonic() + 180
     while p.poll() is None and len(_eval_steps(rd)) < 2 and time.monotonic() < deadline:

@@ -27,7 +27,7 @@ from sac_spectral.core import sizes
 from sac_spectral.core.config import ConfigError, read_yaml
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.apps.rl.run import missing_compiler
+from sac_spectral.apps.rl.compile_choice import missing_compiler
 from sac_spectral.runs import checkpoint, cli, layout, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli
@@ -59,7 +59,7 @@ def D(*args: object) -> int:
 
 
 #: what a run prints on stderr when it starts (its directory and config line), before any error
-START_LINES = ("run directory: ", "resuming ", "config: ")
+START_LINES = ("run directory: ", "resuming ", "config: ", "compile: auto")
 
 
 def one_error(capsys: pytest.CaptureFixture[str], *fragments: str) -> str:
@@ -657,7 +657,7 @@ def test_checkpoint_errors_are_one_line_config_errors(tmp_path):
 def _kill_after_two_evaluations(rd: Path) -> None:
     """kill -9 a run (the real CLI) once evals.csv holds two evaluations and before any checkpoint,
     as a crash between the default first evaluation (10 k) and first checkpoint (25 k) does."""
-    cmd = [sys.executable, "-m", "sac_spectral.train", *RL, "total_steps=100000", "checkpoint_every=0", "eval_every=25",
+    cmd = [sys.executable, "-m", "sac_spectral.train", *RL, "total_steps=100000", "compile=false", "checkpoint_every=0", "eval_every=25",
            f"run_dir={rd}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

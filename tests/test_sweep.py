@@ -203,7 +203,7 @@ def test_a_changed_sweep_file_is_refused_but_new_seeds_are_added(killed_and_reru
 
 def test_ctrl_c_stops_running_trials_at_a_checkpoint(tmp_path, local_ray, capsys):
     data = {**TINY, "methods": {"sac": TINY["methods"]["sac"]}, "seeds": [0]}
-    data["base"] = {**TINY["base"], "total_steps": 100_000}
+    data["base"] = {**TINY["base"], "total_steps": 100_000, "compile": False}
     cfg = write_sweep(tmp_path / "long.yaml", data)
     root = tmp_path / "long"
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from sac_spectral.agents.base import AGENTS, agent_choices, agent_class, agent_sections
 from sac_spectral.agents.probes import DiagnosticsConfig
@@ -99,7 +99,7 @@ class SACConfig:
     gamma: float = option(0.99, "discount")
     tau: float = option(0.005, "Polyak rate of the target critics (every update)")
     precision: str = option("fp32", "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, losses, targets)")
-    compile: bool = option(False, "torch.compile the whole update: each network's loss, gradient and Adam step as one program (CUDA graphs on GPU)")
+    compile: bool | Literal["auto"] = option("auto", "torch.compile the whole update: each network's loss, gradient and Adam step as one program (CUDA graphs on GPU); auto: compile on a CPU with a C++ compiler where the run's updates repay the compile, else eager (the run says which and why, and its config.yaml records the choice)")
     compile_products: str = option("onednn", "with compile=true on a CPU: the programs' matrix products as oneDNN batched matmuls (onednn: about twice MKL's speed on AMD CPUs) or as ATen's bmm (aten: MKL on x86)")
     compile_block: int = option(1, "with compile=true: run the updates of one train_steps call (an env step's replay_ratio updates, heavy priming's) this many per program call (one program of that many updates; its first compile takes minutes); 1: one call per update")
     actor: ActorConfig = section(ActorConfig)
@@ -238,7 +238,7 @@ class TrainConfig(SACConfig):
               f"bf16: this CPU has no native bf16 matmuls ({' or '.join(BF16_FLAGS)} among its flags), so bf16 would "
               "run emulated, slower than fp32; use precision=fp32")
         agent = agent_class(self.agent)
-        check(not self.compile or agent.compiles, "compile",
+        check(self.compile is not True or agent.compiles, "compile",
               f"agent '{self.agent}' has no compiled update; use compile=false (agents with one: "
               f"{', '.join(n for n, a in sorted(AGENTS.items()) if a.compiles)})")
         self._check_unused_sections(agent.sections)

@@ -139,7 +139,7 @@ class Engine(nn.Module):
         network and target) and the backend (compiled with ``compile: true``)."""
         self.trained = table
         self._build_regularizers()
-        compiled = bool(getattr(self.cfg, "compile", False)) and self.compiles
+        compiled = getattr(self.cfg, "compile", False) is True and self.compiles  # a run resolves auto first
         self.precision = make_precision("fp32" if compiled else precision, {
             **{n: (t.module, True) for n, t in table.items()},
             **{f"{n}.target": (t.target, False) for n, t in table.items() if t.target is not None},

@@ -158,6 +158,8 @@ def _type_name(tp: Any) -> str:
         return f"{origin.__name__}[{args}]"
     if tp is type(None):
         return "null"
+    if tp is bool:
+        return "true | false"
     return getattr(tp, "__name__", str(tp))
 
 

@@ -4,6 +4,7 @@ evaluation) times the measured time of one env step, both timed here through the
 
 from __future__ import annotations
 
+import copy
 from dataclasses import fields
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from sac_spectral.agents import ReplayBuffer, SACConfig, build_agent
 from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.compile_choice import auto_compile
 from sac_spectral.core.config import ConfigError, one_line, to_dict
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.envs import make_env
@@ -42,6 +44,9 @@ def _built_env(cfg: TrainConfig) -> Any:
 def estimate_cost(cfg: TrainConfig, model: Any) -> tuple[int, float]:
     """``(updates, seconds)`` of a run of ``cfg``; ``model`` (a
     :class:`~sac_spectral.studies.cost.CostModel`) measures and caches the timings."""
+    if cfg.compile == "auto":  # timed as the run will train: compiled or eager
+        cfg = copy.copy(cfg)
+        cfg.compile = auto_compile(cfg, torch.device(cfg.device))[0]
     env = _built_env(cfg)
     obs_dim, act_dim = int(env.observation_space.shape[0]), int(env.action_space.shape[0])
     torch.set_num_threads(model.threads)

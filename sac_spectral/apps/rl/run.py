@@ -6,7 +6,6 @@ that :func:`check_format` guards for every reader (resume, ``diagnose``, ``load_
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ import torch
 
 from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
 from sac_spectral.agents.plasticity import PlasticityProbes
+from sac_spectral.apps.rl.compile_choice import resolve_compile
 from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
 from sac_spectral.envs import EnvPool, UnknownEnvError
@@ -82,29 +82,6 @@ def simulator_steps(steps: int, action_repeat: int) -> str:
     return f" ({steps * action_repeat} simulator steps at action_repeat {action_repeat})" if action_repeat > 1 else ""
 
 
-def missing_compiler() -> str | None:
-    """Why ``torch.compile`` cannot build its C++ kernels on the CPU — inductor's own lookup
-    (``$CXX``, else ``g++``) finds no compiler that runs — or None if it can."""
-    from torch._inductor import config, cpp_builder  # a second to import: only for compile=true
-
-    try:
-        cpp_builder.get_cpp_compiler()
-    except (RuntimeError, OSError, subprocess.SubprocessError):
-        tried = ", ".join(repr(c) for c in config.cpp.cxx if c is not None)
-        return f"tried {tried}; set CXX to one"
-    return None
-
-
-def fall_back_to_eager(cfg: TrainConfig, device: torch.device) -> str | None:
-    """With ``compile=true`` on the CPU and no C++ compiler: set ``cfg.compile`` to false (the run
-    trains eager, and its config says so) and return the warning; else None."""
-    missing = missing_compiler() if cfg.compile and device.type == "cpu" else None
-    if missing is None:
-        return None
-    cfg.compile = False
-    return f"compile=true needs a C++ compiler (none found: {missing}); running eager"
-
-
 def no_updates(cfg: TrainConfig) -> str | None:
     """The warning for a run of ``cfg`` that does no update (only random warm-up), else None."""
     if cfg.total_updates > 0:
@@ -162,8 +139,11 @@ class RLRun:
         # torch's global generator, which the package never draws from (its draws are the streams'),
         # seeded for an agent that does: the same run draws the same, and checkpoints restore it
         torch.manual_seed(derive_seed(cfg.seed, "torch/global"))
+        choice, fallback = resolve_compile(cfg, self.device)
+        if choice is not None:
+            print(choice, file=sys.stderr, flush=True)
         #: told at the start of training and recorded in the summary
-        self.warnings = [w for w in (fall_back_to_eager(cfg, self.device), no_updates(cfg)) if w is not None]
+        self.warnings = [w for w in (fallback, no_updates(cfg)) if w is not None]
         self.warnings += agent_class(cfg.agent).run_warnings(cfg)
         self.agent = build_agent(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
         self.plasticity = PlasticityProbes(self.agent, self.seeds)  # θ₀: before a resume loads its state
