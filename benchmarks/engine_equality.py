@@ -20,7 +20,7 @@ import time
 import torch
 
 from sac_spectral.agents import AGENTS
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.agents.steps import Draws, draw_shapes
 from sac_spectral.core.seeding import SeedStreams
 

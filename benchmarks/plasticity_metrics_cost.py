@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.common import build, interleaved_medians, time_updates
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.agents.probes import hidden_features, probe_batch
 from sac_spectral.diagnostics import (
     ParamSnapshot,

@@ -110,7 +110,7 @@ def ours_worker(args: argparse.Namespace) -> None:
     import sac_spectral  # noqa: F401, I001  first: the project's OpenMP spin-wait, before torch loads libgomp
     import torch
 
-    from sac_spectral.agents.config import DEFAULT_REGULARIZERS
+    from sac_spectral.apps.rl.config import DEFAULT_REGULARIZERS
     from benchmarks.common import build, sac_config, time_updates
     from benchmarks.matmul_split import torch_matmuls
     from sac_spectral.core.threads import choose_threads

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sac_spectral.agents import SAC, TD3, base
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.config import ConfigError, help_text, load_config, merge_sources, to_dict
 from test_plugins import install, run
 

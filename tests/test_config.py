@@ -84,14 +84,14 @@ def test_bf16_support_is_read_from_the_cpu_flags(tmp_path):
 
 
 def test_bf16_on_a_cpu_without_it_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
-    import sac_spectral.agents.config as agent_config
+    import sac_spectral.apps.rl.config as run_config
     from sac_spectral.runs.cli import run_cli
     from sac_spectral.apps.rl.train import main
 
-    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: False)
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: False)
     assert run_cli(main, ["precision=bf16", f"run_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no native bf16" in err and "precision=fp32" in err
     assert not (tmp_path / "r").exists()
-    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: None)  # flags unknown: nothing is claimed
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: None)  # flags unknown: nothing is claimed
     merge_sources(TrainConfig, {}, ["precision=bf16"])

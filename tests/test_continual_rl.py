@@ -12,7 +12,7 @@ import pytest
 import yaml
 from test_train import ROOT, _assert_same_state, run
 
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.stages import stage_metrics
 from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.envs import EnvPool
@@ -141,10 +141,10 @@ def test_updates_owed_skip_every_warm_up_after_a_cleared_buffer(ratio):
     cfg = from_dict(TrainConfig, {"tasks": [{"name": "a"}, {"name": "b"}], "steps_per_task": 7, "cycles": 3000,
                                   "random_steps": 3, "replay_ratio": ratio, "on_switch": {"buffer": "clear"}})
     owed = lambda step: int(max(0, step - 3) * ratio + 1e-9)  # noqa: E731
-    count = 0
+    count, seq = 0, cfg.sequence()
     for step in range(1, cfg.total_steps + 1):
         count += 0 if step > 7 and (step - 1) % 7 < 3 else owed(step) - owed(step - 1)
-        assert cfg.updates_by(step) == count, step
+        assert seq.updates_by(step) == count, step
 
 
 def test_a_finished_sequence_is_extended_by_its_cycles_as_a_straight_run(tmp_path, capsys):
@@ -384,7 +384,7 @@ def test_the_report_tabulates_forgetting_and_plasticity_and_correlates_the_switc
 
 
 def test_a_sequences_start_line_lists_its_stages():
-    from sac_spectral.agents.config import TrainConfig
+    from sac_spectral.apps.rl.config import TrainConfig
     from sac_spectral.apps.rl.run import describe
     from sac_spectral.core.config import load_config
 

@@ -13,7 +13,7 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from conftest import reference_batch, named_noise
 from sac_spectral.agents import AGENTS, CrossQ
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.agents.crossq import BatchRenorm
 from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams

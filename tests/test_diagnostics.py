@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from sac_spectral.agents import AGENTS, SAC, ReplayBuffer, SACConfig
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.agents.probes import (
     DiagnosticsConfig,
     agent_diagnostics,

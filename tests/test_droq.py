@@ -11,7 +11,7 @@ from conftest import named_noise, reference_batch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from sac_spectral.agents import AGENTS, DroQ, ReplayBuffer
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.train import main
 from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams

@@ -467,21 +467,21 @@ def test_a_failed_render_is_one_error_without_a_teardown_report(monkeypatch):
 def test_a_bf16_run_plays_and_is_diagnosed_on_a_cpu_without_bf16(tmp_path, monkeypatch):
     """A run trained with precision=bf16 loads for acting and diagnosing where the CPU has no bf16
     matmuls (faked): neither uses bf16, and only training refuses it."""
-    import sac_spectral.agents.config as agent_config
+    import sac_spectral.apps.rl.config as run_config
     from sac_spectral.apps.rl.diagnose import load_run
     from sac_spectral.apps.rl.policy import load_policy
     from sac_spectral.core.config import merge_sources
     from sac_spectral.runs.cli import run_cli
     from sac_spectral.train import main
 
-    if agent_config.cpu_bf16() is False:
+    if run_config.cpu_bf16() is False:
         pytest.skip("this CPU cannot train the bf16 run")
     rd = tmp_path / "bf16"
     assert run_cli(main, [*SMALL, "env=dmc:cartpole-balance", "total_steps=120", "random_steps=100", "eval_every=0",
                           "precision=bf16", "threads=1", f"run_dir={rd}"]) == 0
-    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: False)
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: False)
     with pytest.raises(ConfigError, match="bf16"):
-        merge_sources(agent_config.TrainConfig, {"precision": "bf16"})
+        merge_sources(run_config.TrainConfig, {"precision": "bf16"})
     policy = load_policy(rd)
     assert policy.act([0.0] * policy.obs_dim).shape == (policy.act_dim,)
     cfg, agent, _, _ = load_run(rd)

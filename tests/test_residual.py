@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import named_noise
 from sac_spectral.agents import SAC, TD3
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.layers import layer_views
 from sac_spectral.core.residual import ResidualNet, RunningNorm, make_network
 from sac_spectral.core.seeding import SeedStreams

@@ -11,7 +11,7 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 from conftest import named_noise
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
 from sac_spectral.agents.compiled import COMPILE_MINUTES
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer
 

@@ -335,12 +335,12 @@ def test_the_priming_toolbox_sweeps_resolve_every_arm_on_the_shared_protocol():
 def test_cost_model_measures_each_agent_config_once(monkeypatch):
     """The dry run's cached update time is keyed on the resolved agent config: fp32 and bf16 (or
     compiled) trials are timed separately; trials that differ only in seed or length share one."""
-    import sac_spectral.agents.config as agent_config
+    import sac_spectral.apps.rl.config as run_config
     from sac_spectral.apps.rl.cost import estimate_cost, update_key
     from sac_spectral.studies.cost import CostModel
     from sac_spectral.apps.rl.train import TrainConfig
 
-    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
 
     small = ["env=dmc:cartpole-balance", "batch_size=8", "actor.hidden=[8]", "critic.hidden=[8]", "total_steps=50",
              "eval_every=0", "eval_episodes=1"]

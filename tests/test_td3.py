@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from conftest import reference_batch, named_noise
 from sac_spectral.agents import AGENTS, TD3, build_agent
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT, B = 5, 2, 16

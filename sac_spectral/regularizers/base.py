@@ -12,8 +12,9 @@ of a member-batched network) or ``[]`` (one number for the whole network).
 
 Interventions that need more than the parameters get it from their owner:
 - ``attach(optimizer)``: the network's optimizer, whose moments they reset;
-- ``set_probe(fn)``: ``fn()`` returns a batch of the network's inputs (the RL agent passes the
-  current replay batch, a supervised loop its data) for activation statistics;
+- ``set_probe(fn)``: ``fn()`` returns a batch of the network's inputs (the RL engine hands over
+  each update's replay batch before that update's ``after_step``, a supervised loop its data) for
+  activation statistics;
 - ``set_target(module)``: the network's Polyak-averaged copy (RL targets), for interventions that
   change the network's function beyond its parameters;
 - ``seed_members(seeds)``: one random stream per member for their draws (perturbation noise,

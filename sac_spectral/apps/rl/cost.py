@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from sac_spectral.agents import ReplayBuffer, SACConfig, build_agent
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.config import ConfigError, one_line, to_dict
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.envs import make_env

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer, build_agent
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.agents.probes import probe_batch, agent_diagnostics
 from sac_spectral.core.config import ConfigError, merge_sources, one_line, read_yaml
 from sac_spectral.core.seeding import SeedStreams

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from sac_spectral.agents.config import MAX_SEED
+from sac_spectral.apps.rl.config import MAX_SEED
 from sac_spectral.core.config import ConfigError
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.envs.evaluate import eval_seed

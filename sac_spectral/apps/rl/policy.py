@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.agents import agent_class
 from sac_spectral.agents.base import actor_dims
 from sac_spectral.agents.engine import upgrade_state
@@ -89,7 +89,7 @@ class Policy:
         _check_finite(actor_state, source)
         self.seed_index, self.seed = seed_index, cfg.seed + seed_index
         #: the stage it last trained in (a plain run's one stage); its env is the one it plays
-        self.stage = cfg.sequence().stage_at(max(step - 1, 0))
+        self.stage = cfg.sequence().ending(step)
         self.env_id, self.action_repeat = self.stage.spec.env, cfg.action_repeat
         self.step, self.recorded, self.source = step, recorded, source
         self.device = torch.device(device)

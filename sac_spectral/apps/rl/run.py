@@ -19,7 +19,7 @@ import torch
 from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
 from sac_spectral.agents.plasticity import PlasticityProbes
 from sac_spectral.apps.rl.kind import KIND
-from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
+from sac_spectral.apps.rl.config import TrainConfig, run_tag, seed_label
 from sac_spectral.envs import EnvPool, UnknownEnvError
 from sac_spectral.envs.evaluate import eval_env_seed
 from sac_spectral.envs.tasks import Stage, TaskError, describe_dynamics, physics_errors, stage_env
@@ -183,12 +183,12 @@ class RLRun:
 
     def stage(self) -> Stage:
         """The stage the agent trains in: at a switch step, the one that just ended."""
-        return self.sequence.stage_at(max(self.step - 1, 0))
+        return self.sequence.ending(self.step)
 
     def warming_up(self, step: int) -> bool:
         """Whether the agent after env step ``step`` has had no update yet in the stage it trains in
         (that stage's warm-up: random actions, the networks as the stage before left them)."""
-        start = self.sequence.stage_at(max(step - 1, 0)).index * self.sequence.steps_per_task
+        start = self.sequence.ending(step).index * self.sequence.steps_per_task
         return self.cfg.updates_after(step) == self.cfg.updates_after(start)
 
     def eval_envs_of(self, task: int) -> list[gym.Env]:

@@ -19,11 +19,10 @@ import numpy as np
 import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.agents.probes import DiagnosticsConfig, probe_batch, agent_diagnostics
 from sac_spectral.envs.evaluate import eval_seed, evaluate
 from sac_spectral.core.config import to_dict
-from sac_spectral.core.reinit import forget
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
 from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
@@ -122,7 +121,7 @@ def summary(t: Trainer) -> dict[str, Any]:
     start, the evaluation history and the priming diagnostics. A task sequence's final return is
     the average over its tasks, its best the current task's, and ``continual`` holds
     :func:`~sac_spectral.apps.rl.stages.stage_metrics` and the diagnostics at each switch."""
-    current = [e for e in t.evals if e.get("task", t.cfg.env) == t.sequence.stage_at(max(e["step"] - 1, 0)).spec.name]
+    current = [e for e in t.evals if e.get("task", t.cfg.env) == t.sequence.ending(e["step"]).spec.name]
     finals = t.evals[-1]["returns"] if t.evals else [float("nan")] * len(t.seeds)
     continual = None
     measured = KIND.stages(eval_rows(t.evals, t.seeds), to_dict(t.cfg))
@@ -211,14 +210,14 @@ class Trainer(RLRun):
         """Priming when due, then the updates this step owes."""
         if self._priming_due():
             Priming(self, run).run()
-        n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
+        n = self.sequence.updates_by(self.step) - (self.agent.num_updates - self.primed)
         if n > 0 and self._log_due(self.step, n):  # the log at this step reports this step's last update
             self.last_info, self.update_metrics = self.plasticity.train_steps(self.buffer, n, self.cfg.batch_size)
         elif n > 0:
             self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
 
     def _act(self) -> np.ndarray:
-        if self.step < self.cfg.warmup_end(self.sequence.stage_at(self.step).index):
+        if self.step < self.sequence.warmup_end(self.sequence.stage_at(self.step).index):
             return (self.streams.rand("act", (self.pool.act_dim,)) * 2.0 - 1.0).cpu().numpy()
         return self.agent.act(torch.as_tensor(self.pool.obs, device=self.device)).cpu().numpy()
 
@@ -276,8 +275,7 @@ class Trainer(RLRun):
         if layers is not False:
             self.agent.reset(layers)
         if sw.optimizer == "reset":
-            for trained in self.agent.trained.values():
-                forget(trained.optimizer, trained.module.parameters())
+            self.agent.forget_optimizers()
         with self.simulating(self.sequence.stage_at(self.step)):
             self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
         self.logger.scalar("task/stage", self.sequence.stage_at(self.step).index, self.step)
