@@ -230,3 +230,31 @@ def test_a_dropout_outside_0_1_is_refused_in_one_line(dropout):
     with pytest.raises(ConfigError, match=r"^droq\.dropout: must lie in \[0, 1\)") as err:
         from_dict(TrainConfig, {"agent": "droq", "droq": {"dropout": dropout}})
     assert "\n" not in str(err.value)
+
+
+def test_diagnostics_differentiate_the_dropout_loss_and_measure_features_without_dropout():
+    """The gradient diagnostics differentiate the update's loss, dropout with the probe's masks
+    included (its per-example losses average to the update's critic loss; other masks give another
+    loss); the feature diagnostics (ranks, dormant units) forward the critics without dropout, as
+    ``q_values`` does, so they do not depend on the masks."""
+    from sac_spectral.agents.probes import DiagnosticsConfig, agent_diagnostics, network_loss, probe_batch
+
+    agent = DroQ(OBS, ACT, _config(), SeedStreams([0]))
+    batch, noise = probe_batch(agent, _buffer(1), B, [0], 0)
+    g = torch.Generator().manual_seed(1)
+    other = {name: torch.randn(v.shape, generator=g) for name, v in noise.items()}
+    loss, probe = network_loss(agent, "critic", batch, noise)
+    other_loss, other_probe = network_loss(agent, "critic", batch, other)
+    with torch.no_grad():
+        per_example = loss(agent.critic, probe).view(1, M, -1)
+        update = agent.critic_step(batch, noise)[1]["loss/critic"]
+        assert not torch.allclose(other_loss(agent.critic, other_probe).view(1, M, -1), per_example)
+    torch.testing.assert_close(per_example.mean(-1).sum(1), update)
+    cfg = DiagnosticsConfig(histograms=False, per_layer=False)
+    first, second = (agent_diagnostics(agent, batch, n, cfg)["critic"].scalars for n in (noise, other))
+    features = [k for k in first if k.startswith(("features/", "dormant/", "active/"))]
+    assert features
+    for key in features:
+        torch.testing.assert_close(first[key], second[key], msg=key)
+    grads = [k for k in first if k.startswith("grad_rank/")]
+    assert grads and any(not torch.allclose(first[k], second[k]) for k in grads)
