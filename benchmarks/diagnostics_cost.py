@@ -33,9 +33,9 @@ import torch
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.agents.probes import (
     DiagnosticsConfig,
+    agent_diagnostics,
     network_loss,
     probe_batch,
-    agent_diagnostics,
 )
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import effective_rank, gradient_grams

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from sac_spectral.agents import SAC
 from benchmarks.common import build, interleaved_medians, sac_config, time_updates
+from sac_spectral.agents import SAC
 
 VARIANTS = {
     "fp32": {},

@@ -35,8 +35,8 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sac_spectral.agents import SAC, SACConfig  # noqa: E402
 from benchmarks.update_speed import build, time_updates  # noqa: E402
+from sac_spectral.agents import SAC, SACConfig  # noqa: E402
 from sac_spectral.regularizers import Regularizer  # noqa: E402
 
 #: name → (regularizer entry, optimizer options); interventions fire only when timed separately

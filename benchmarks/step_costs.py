@@ -26,9 +26,9 @@ import sac_spectral  # noqa: F401  (before torch: OpenMP settings)
 from benchmarks.common import median_per_call_us
 from sac_spectral.agents import SAC, ReplayBuffer
 from sac_spectral.agents.networks import actor_mean_log_std, tanh_gaussian
-from sac_spectral.envs import EnvPool
-from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.apps.rl.train import TrainConfig
+from sac_spectral.core.seeding import SeedStreams
+from sac_spectral.envs import EnvPool
 
 
 def cost(fn: Callable[[], object], repeats: int, n: int = 2000) -> float:

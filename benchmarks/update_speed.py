@@ -17,7 +17,6 @@ import time
 import torch
 from torch import nn
 
-from sac_spectral.agents import SAC
 from benchmarks.common import (
     ACT,
     OBS,
@@ -26,6 +25,7 @@ from benchmarks.common import (
     sac_config,
     time_updates,
 )
+from sac_spectral.agents import SAC
 from sac_spectral.core.nets import BatchedMLP
 
 

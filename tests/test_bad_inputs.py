@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from attacks import (
     AS_ROOT,
     CKPT,

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from sac_spectral.apps.rl.train import TrainConfig
 from sac_spectral.core.config import (
     ConfigError,
     help_text,
@@ -9,7 +10,6 @@ from sac_spectral.core.config import (
     merge_sources,
     to_dict,
 )
-from sac_spectral.apps.rl.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,8 +85,8 @@ def test_bf16_support_is_read_from_the_cpu_flags(tmp_path):
 
 def test_bf16_on_a_cpu_without_it_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
     import sac_spectral.agents.config as agent_config
-    from sac_spectral.runs.cli import run_cli
     from sac_spectral.apps.rl.train import main
+    from sac_spectral.runs.cli import run_cli
 
     monkeypatch.setattr(agent_config, "cpu_bf16", lambda: False)
     assert run_cli(main, ["precision=bf16", f"run_dir={tmp_path / 'r'}"]) == 2

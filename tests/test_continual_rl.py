@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 import yaml
-from test_train import ROOT, _assert_same_state, run
 
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.apps.rl.stages import stage_metrics
@@ -20,6 +19,7 @@ from sac_spectral.envs.tasks import Permuted, mujoco_model
 from sac_spectral.runs.checkpoint import load_checkpoint
 from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.layout import CHECKPOINT
+from test_train import ROOT, _assert_same_state, run
 
 TINY = ["action_repeat=8", "random_steps=4", "eval_episodes=1", "batch_size=8", "actor.hidden=[16,16]",
         "critic.hidden=[16,16]", "threads=1", "progress=false", "checkpoint_every=0", "diagnostics.every=0"]
@@ -384,11 +384,11 @@ def test_the_report_tabulates_forgetting_and_plasticity_and_correlates_the_switc
 
 
 def test_a_sequences_start_line_lists_its_stages():
+    from pathlib import Path
+
     from sac_spectral.agents.config import TrainConfig
     from sac_spectral.apps.rl.run import describe
     from sac_spectral.core.config import load_config
-
-    from pathlib import Path
 
     configs = Path(__file__).resolve().parents[1] / "run_configs"
     cfg = load_config(TrainConfig, configs / "sequence_cartpole_permuted.yaml")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import reference_batch, named_noise
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, CrossQ
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.crossq import BatchRenorm

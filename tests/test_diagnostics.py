@@ -455,14 +455,14 @@ def test_top_direction_alignment_finds_a_planted_direction_on_either_side():
 def test_training_with_diagnostics_is_identical_logs_the_tags_and_can_be_diagnosed(tmp_path, capsys):
     import json
 
-    from conftest import SMALL
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from conftest import SMALL
     from sac_spectral.apps.rl.diagnose import main as diagnose_main
+    from sac_spectral.apps.rl.train import main as train_main
     from sac_spectral.runs.checkpoint import load_checkpoint
     from sac_spectral.runs.cli import run_cli
     from sac_spectral.runs.layout import CHECKPOINT
-    from sac_spectral.apps.rl.train import main as train_main
 
     args = [*SMALL, "random_steps=200", "eval_every=0", "log_every=100", "buffer_size=5000", "total_steps=450",
             "num_seeds=2", "critic.num_critics=3"]

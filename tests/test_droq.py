@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from conftest import named_noise, reference_batch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, DroQ, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.apps.rl.train import main

@@ -526,11 +526,11 @@ def test_load_policy_acts_with_an_injected_actors_frozen_branches(tmp_path):
     """An actor injected during training: the exported policy carries the injection (its hooks and
     frozen branches), so playing the last evaluation's episodes gives the returns it recorded."""
     import numpy as np
-    from conftest import SMALL
 
+    from conftest import SMALL
     from sac_spectral.apps.rl.policy import load_policy, play_episodes
-    from sac_spectral.runs.cli import run_cli
     from sac_spectral.apps.rl.train import main
+    from sac_spectral.runs.cli import run_cli
 
     rd = tmp_path / "injected"
     assert run_cli(main, [*SMALL, "env=dmc:cartpole-balance", "action_repeat=4", "total_steps=200", "random_steps=100",

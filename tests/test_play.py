@@ -14,16 +14,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import SMALL
 
+from conftest import SMALL
+from sac_spectral.apps.rl.policy import load_policy, play_episodes
+from sac_spectral.apps.rl.train import main as train_main
 from sac_spectral.core.config import ConfigError
 from sac_spectral.envs.evaluate import eval_seed
-from sac_spectral.apps.rl.policy import load_policy, play_episodes
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
 from sac_spectral.runs.video import library_loads
-from sac_spectral.apps.rl.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 # 250 agent steps per episode (DMC's 1000 at action repeat 4); two seeds to test seed_index

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import reference_batch, named_noise
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, REDQ, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.redq import random_subset

@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SMALL
 
+from conftest import SMALL
 from sac_spectral.apps.continual import runner as continual
 from sac_spectral.apps.rl import diagnose, train
+from sac_spectral.apps.rl.run import missing_compiler
 from sac_spectral.core import sizes
 from sac_spectral.core.config import ConfigError, read_yaml
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.apps.rl.run import missing_compiler
 from sac_spectral.runs import checkpoint, cli, layout, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli

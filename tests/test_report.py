@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import SMALL, TOY_ID
 
+from conftest import SMALL, TOY_ID
 from sac_spectral.apps.continual.runner import main as continual_main
-from sac_spectral.runs.cli import run_cli
 from sac_spectral.apps.rl.kind import COLUMNS as RL_COLUMNS
+from sac_spectral.apps.rl.train import main as train_main
+from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.evals import append_rows, read_evals
 from sac_spectral.runs.kinds import RunKind, config_header, get_kind, kind_names, register_kind
 from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.studies import report, results
-from sac_spectral.apps.rl.train import main as train_main
 
 rliable_library = pytest.importorskip("rliable.library")
 from rliable import metrics  # noqa: E402

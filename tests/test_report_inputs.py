@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from sac_spectral.runs.kinds import get_kind
-from sac_spectral.runs.cli import run_cli
 from sac_spectral.apps.rl.kind import COLUMNS as RL_COLUMNS
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.kinds import get_kind
 from sac_spectral.studies import report, results
 
 pytest.importorskip("rliable")

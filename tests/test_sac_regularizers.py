@@ -11,11 +11,11 @@ from torch import nn
 
 from conftest import named_noise
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
+from sac_spectral.apps.rl.train import TrainConfig
 from sac_spectral.core.config import load_config
 from sac_spectral.core.nets import ACTIVATIONS, BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.apps.rl.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

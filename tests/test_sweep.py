@@ -16,14 +16,14 @@ import pytest
 import torch
 import yaml
 
+from sac_spectral.apps.rl.train import main as train_main
 from sac_spectral.core.config import ConfigError, merge_sources
 from sac_spectral.runs.checkpoint import load_checkpoint
-from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.studies import report, spec, sweep
 from sac_spectral.studies.trial import error_line
-from sac_spectral.apps.rl.train import main as train_main
 
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,8 +281,8 @@ def test_resolved_sweep_file_runs_the_same_trials(killed_and_rerun):
 
 
 def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.core.config import load_config, to_dict
     from sac_spectral.apps.rl.train import TrainConfig
+    from sac_spectral.core.config import load_config, to_dict
 
     s = spec.load_sweep(str(ROOT / "run_configs/sweeps/primacy_bias.yaml"), [])
     assert len(s.trials) == 14 * 10 and all(t.seeds == list(range(10)) for t in s.trials)
@@ -305,8 +305,8 @@ def test_plasticity_sweep_is_the_readme_table():
 
 
 def test_priming_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.core.config import load_config, merge_sources, to_dict
     from sac_spectral.apps.rl.train import TrainConfig
+    from sac_spectral.core.config import load_config, merge_sources, to_dict
 
     s = spec.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), [])
     assert [t.id for t in s.trials] == ["sac/s0-4", "unprimed/s0-4", "resets_after_priming/s0-4", "spectral/s0-4",
@@ -337,8 +337,8 @@ def test_cost_model_measures_each_agent_config_once(monkeypatch):
     compiled) trials are timed separately; trials that differ only in seed or length share one."""
     import sac_spectral.agents.config as agent_config
     from sac_spectral.apps.rl.cost import estimate_cost, update_key
-    from sac_spectral.studies.cost import CostModel
     from sac_spectral.apps.rl.train import TrainConfig
+    from sac_spectral.studies.cost import CostModel
 
     monkeypatch.setattr(agent_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import reference_batch, named_noise
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, TD3, build_agent
 from sac_spectral.agents.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
@@ -134,10 +134,10 @@ def test_a_td3_run_plays_back_its_last_evaluation_and_its_policy_is_deterministi
     import numpy as np
 
     from conftest import SMALL
-    from sac_spectral.envs.evaluate import eval_seed
     from sac_spectral.apps.rl.policy import load_policy, play_episodes
-    from sac_spectral.runs.cli import run_cli
     from sac_spectral.apps.rl.train import main
+    from sac_spectral.envs.evaluate import eval_seed
+    from sac_spectral.runs.cli import run_cli
 
     rd = tmp_path / "td3"
     assert run_cli(main, [*SMALL, "agent=td3", "env=dmc:cartpole-balance", "action_repeat=4", "total_steps=300",

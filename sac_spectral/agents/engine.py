@@ -55,7 +55,6 @@ from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer, build_regularizers, penalized_step
 
 
-
 @dataclass
 class Trained:
     """One trained network of an agent: its module (``members`` members per seed), optimizer,

@@ -35,6 +35,7 @@ TensorBoard tags; docs/diagnostics.md says when a runner computes which, and wha
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
 import torch
 from torch import Tensor, nn
 

@@ -54,7 +54,6 @@ from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
 
-
 def _batched_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return torch.bmm(x, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
 

@@ -39,7 +39,6 @@ from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
 
-
 def _units(layer: nn.Module) -> int:
     return layer.out_channels if isinstance(layer, nn.modules.conv._ConvNd) else layer.out_features
 

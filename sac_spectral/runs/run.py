@@ -29,7 +29,6 @@ from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
 from sac_spectral.runs.logger import RunLogger
 from sac_spectral.runs.rundir import release_run_dirs, remove_stale_temp_files, write_config
 
-
 #: the progress bar without tqdm's time-left estimate: its rate over the steps done so far says
 #: nothing of the work left (a warm-up step costs far less than a step with updates)
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"

@@ -18,6 +18,7 @@ import yaml
 
 from sac_spectral.core.config import (
     ConfigError,
+    flatten,
     read_yaml,
     to_dict,
 )
@@ -34,7 +35,6 @@ from sac_spectral.runs.layout import (
     VIDEOS,
     written_by_a_run,
 )
-from sac_spectral.core.config import flatten
 
 #: errno values that mean a path cannot be used by this process (bad input, not an I/O failure)
 UNUSABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}

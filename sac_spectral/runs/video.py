@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from sac_spectral.envs.episode import run_episode
 from sac_spectral.core.config import ConfigError, one_line
+from sac_spectral.envs.episode import run_episode
 from sac_spectral.runs.checkpoint import atomic_write, replaceable
 
 VIDEO_SUFFIXES = (".mp4", ".gif")

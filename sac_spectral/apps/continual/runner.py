@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sac_spectral.apps.continual.kind import KIND, SUMMARY_TASKS
 from sac_spectral.core.config import ConfigError, to_dict
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.core.seeding import derive_seed
@@ -26,7 +27,6 @@ from sac_spectral.regularizers import build_regularizers
 from sac_spectral.runs.cli import recorded_config, set_torch_threads
 from sac_spectral.runs.evals import append_rows
 from sac_spectral.runs.layout import EVALS
-from sac_spectral.apps.continual.kind import KIND, SUMMARY_TASKS
 from sac_spectral.runs.logger import RunLogger, state_is_finite
 from sac_spectral.runs.memory import check_fits, supervised_estimate
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every

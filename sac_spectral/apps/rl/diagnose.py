@@ -26,13 +26,14 @@ import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer, build_agent
 from sac_spectral.agents.config import TrainConfig
-from sac_spectral.agents.probes import probe_batch, agent_diagnostics
+from sac_spectral.agents.probes import agent_diagnostics, probe_batch
+from sac_spectral.apps.rl.kind import KIND
+from sac_spectral.apps.rl.policy import load_policy
+from sac_spectral.apps.rl.run import check_format
 from sac_spectral.core.config import ConfigError, merge_sources, one_line, read_yaml
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.threads import check_threads
 from sac_spectral.diagnostics import Report
-from sac_spectral.apps.rl.policy import load_policy
-from sac_spectral.apps.rl.run import check_format
 from sac_spectral.envs.evaluate import q_scale
 from sac_spectral.runs.checkpoint import (
     CheckpointError,
@@ -40,7 +41,6 @@ from sac_spectral.runs.checkpoint import (
     replaceable,
     write_json,
 )
-from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.runs.kinds import run_kind
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
 

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from sac_spectral.agents.config import MAX_SEED
+from sac_spectral.apps.rl.policy import Policy, load_policy, play_episodes
 from sac_spectral.core.config import ConfigError
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.envs.evaluate import eval_seed
-from sac_spectral.apps.rl.policy import Policy, load_policy, play_episodes
 from sac_spectral.runs.video import (
     DEFAULT_SIZE,
     check_video_path,

@@ -24,20 +24,20 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents import agent_class
 from sac_spectral.agents.base import actor_dims
+from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.engine import upgrade_state
-from sac_spectral.envs import UnknownEnvError, run_episode
-from sac_spectral.regularizers import Regularizer, build_regularizers
-from sac_spectral.envs.evaluate import eval_env_seed, eval_seed
-from sac_spectral.envs.tasks import TaskError, stage_env
+from sac_spectral.apps.rl.kind import KIND
+from sac_spectral.apps.rl.run import check_format
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.device import check_device
 from sac_spectral.core.seeding import derive_seed
-from sac_spectral.apps.rl.run import check_format
+from sac_spectral.envs import UnknownEnvError, run_episode
+from sac_spectral.envs.evaluate import eval_env_seed, eval_seed
+from sac_spectral.envs.tasks import TaskError, stage_env
+from sac_spectral.regularizers import Regularizer, build_regularizers
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
-from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.runs.kinds import run_kind
 from sac_spectral.runs.layout import CHECKPOINT
 

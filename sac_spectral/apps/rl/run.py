@@ -17,21 +17,21 @@ import gymnasium as gym
 import torch
 
 from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
+from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
 from sac_spectral.agents.plasticity import PlasticityProbes
 from sac_spectral.apps.rl.kind import KIND
-from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
-from sac_spectral.envs import EnvPool, UnknownEnvError
-from sac_spectral.envs.evaluate import eval_env_seed
-from sac_spectral.envs.tasks import Stage, TaskError, describe_dynamics, physics_errors, stage_env
 from sac_spectral.core.config import ConfigError, one_line
 from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.core.threads import ThreadWatch
+from sac_spectral.envs import EnvPool, UnknownEnvError
+from sac_spectral.envs.evaluate import eval_env_seed
+from sac_spectral.envs.tasks import Stage, TaskError, describe_dynamics, physics_errors, stage_env
 from sac_spectral.runs.cli import recorded_config, set_torch_threads
 from sac_spectral.runs.layout import SUMMARY
 from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finite
 from sac_spectral.runs.memory import check_fits
-from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 from sac_spectral.runs.run import Failed, Finished
+from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 from sac_spectral.runs.video import gl_backend, render, use_offscreen_rendering
 
 #: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming

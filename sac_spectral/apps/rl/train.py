@@ -20,14 +20,14 @@ import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer
 from sac_spectral.agents.config import TrainConfig
-from sac_spectral.agents.probes import DiagnosticsConfig, probe_batch, agent_diagnostics
-from sac_spectral.envs.evaluate import eval_seed, evaluate
+from sac_spectral.agents.probes import DiagnosticsConfig, agent_diagnostics, probe_batch
+from sac_spectral.apps.rl.kind import KIND
+from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
 from sac_spectral.core.config import to_dict
 from sac_spectral.core.reinit import forget
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
-from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
-from sac_spectral.apps.rl.kind import KIND
+from sac_spectral.envs.evaluate import eval_seed, evaluate
 from sac_spectral.runs.evals import append_rows
 from sac_spectral.runs.layout import EVALS
 from sac_spectral.runs.logger import RunLogger, tensor_is_finite
