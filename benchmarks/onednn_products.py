@@ -52,7 +52,8 @@ def main() -> None:
                 times["onednn"].append(per_call_us(lambda: torch.ops.sac_spectral.member_bmm(a, b), calls))
             flops = 2 * m * BATCH * WIDTH * WIDTH
             rate = {k: flops / statistics.median(v) / 1e3 for k, v in times.items()}
-            print(f"{m:>7} {name:>14} {rate['mkl']:>12.0f} {rate['onednn']:>15.0f} {rate['onednn'] / rate['mkl']:>13.2f}")
+            print(f"{m:>7} {name:>14} {rate['mkl']:>12.0f} {rate['onednn']:>15.0f} "
+                  f"{rate['onednn'] / rate['mkl']:>13.2f}")
     a, b = torch.ones(1, 1, 1), torch.ones(1, 1, 1)
     per_call = {name: median_per_call_us(fn, 2000, args.rounds, warmup=0) for name, fn in (
         ("torch.bmm", lambda: torch.bmm(a, b)), ("member_bmm", lambda: torch.ops.sac_spectral.member_bmm(a, b)))}

@@ -70,7 +70,8 @@ def main() -> None:
         "act:   obs → tensor (torch.as_tensor)": lambda: torch.as_tensor(obs_np),
         "buffer: 5 × torch.as_tensor + add (as the runner does)": as_runner,
         "buffer: add(NumPy arrays)": lambda: buf.add(*fields),
-        "warm-up action (SeedStreams.rand → NumPy)": lambda: (streams.rand("act", (pool.act_dim,)) * 2.0 - 1.0).cpu().numpy(),
+        "warm-up action (SeedStreams.rand → NumPy)":
+            lambda: (streams.rand("act", (pool.act_dim,)) * 2.0 - 1.0).cpu().numpy(),
         "progress bar: set_postfix + update": lambda: (bar.set_postfix(postfix, refresh=False), bar.update(1)),
         "np.isfinite(actions).all()": lambda: np.isfinite(actions).all(),
     }

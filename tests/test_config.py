@@ -18,7 +18,8 @@ def test_default_yaml_is_the_embedded_default():
     assert to_dict(load_config(TrainConfig, ROOT / "run_configs" / "default.yaml")) == to_dict(TrainConfig())
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "run_configs").glob("*.yaml") if not p.name.startswith("continual")))
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "run_configs").glob("*.yaml")
+                                        if not p.name.startswith("continual")))
 def test_every_rl_config_loads(name):
     load_config(TrainConfig, ROOT / "run_configs" / name)
 

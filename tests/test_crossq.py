@@ -197,7 +197,8 @@ def test_the_critic_follows_critic_activation_and_init():
     assert torch.equal(critic(x), critic.heads[0](h))
 
 
-@pytest.mark.parametrize("critic, key", [({"arch": "bronet"}, "critic.arch"), ({"layer_norm": True}, "critic.layer_norm"),
+@pytest.mark.parametrize("critic, key",
+                         [({"arch": "bronet"}, "critic.arch"), ({"layer_norm": True}, "critic.layer_norm"),
                                          ({"activation": "crelu"}, "critic.activation")])
 def test_critic_options_it_cannot_honour_are_refused(critic, key):
     """In one line naming the key; the same options stay valid for SAC."""

@@ -87,7 +87,7 @@ def test_geometric_decay_matches_closed_forms(r, n):
 
 def test_zero_matrix_has_rank_zero_and_undefined_condition_number():
     s = spectrum_summary(torch.zeros(2, 5))
-    assert s["erank"].tolist() == [0, 0] and s["frobenius_stable_rank"].tolist() == [0, 0] and s["rank99"].tolist() == [0, 0]
+    assert all(s[key].tolist() == [0, 0] for key in ("erank", "frobenius_stable_rank", "rank99"))
     assert torch.isnan(s["cond"]).all()
 
 
@@ -156,7 +156,8 @@ def test_factored_gram_equals_torch_func(members):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6 * float(a[k].abs().max()))
     mlp, fn, batch2 = _mlp_case()
     for k, v in gradient_grams(mlp, fn, batch2, method="factored").items():
-        torch.testing.assert_close(v, gradient_grams(mlp, fn, batch2, method="func")[k], rtol=1e-5, atol=1e-6 * float(v.abs().max()))
+        torch.testing.assert_close(v, gradient_grams(mlp, fn, batch2, method="func")[k], rtol=1e-5,
+                                   atol=1e-6 * float(v.abs().max()))
 
 
 def test_factored_gram_refuses_what_it_cannot_factor_and_auto_falls_back():
@@ -481,7 +482,8 @@ def test_training_with_diagnostics_is_identical_logs_the_tags_and_can_be_diagnos
     scalars, hists = set(events.Tags()["scalars"]), set(events.Tags()["histograms"])
     assert {"grad_rank/critic/erank", "seed1/grad_rank/actor/cond", "features/critic/erank",
             "dormant/actor/fraction", "spectral/critic/layer2/cond"} <= scalars
-    assert [e.step for e in events.Scalars("grad_rank/critic/erank")] == [200, 260, 320, 380, 440]  # untrained (end of warm-up), every 60
+    # untrained (end of warm-up), then every 60
+    assert [e.step for e in events.Scalars("grad_rank/critic/erank")] == [200, 260, 320, 380, 440]
     assert {"seed0/spectra/critic/grad", "seed1/spectra/actor/layer0"} <= hists
     quiet = EventAccumulator(str(off))
     quiet.Reload()

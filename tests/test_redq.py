@@ -92,7 +92,8 @@ class Reference:
         if self.it % self.cfg.redq.policy_delay:
             return
         act, logp = self.pi(s, eps[1])
-        mean_q = torch.stack([self.q([(w.detach(), b.detach()) for w, b in c], s, act) for c in self.critics]).mean(dim=0)
+        mean_q = torch.stack([self.q([(w.detach(), b.detach()) for w, b in c], s,
+                                     act) for c in self.critics]).mean(dim=0)
         actor_loss = (alpha * logp - mean_q).mean()
         self.actor_opt.zero_grad()
         actor_loss.backward()
@@ -121,7 +122,8 @@ def test_update_equals_the_papers_equations_after_three_updates():
     pairs = [(_params(agent.actor, 0, (0, 1)), ref.actor)]
     pairs += [(_params(agent.critic, j, (0,)), ref.critics[j]) for j in range(N)]
     pairs += [(_params(agent.target_critic, j, (0,)), ref.targets[j]) for j in range(N)]
-    worst = max((o - t).abs().max().item() for ours, theirs in pairs for ow, tw in zip(ours, theirs) for o, t in zip(ow, tw))
+    worst = max((o - t).abs().max().item() for ours, theirs in pairs for ow, tw in zip(ours, theirs) for o,
+                t in zip(ow, tw))
     worst = max(worst, abs(agent.log_alpha.item() - ref.log_alpha.item()))
     assert worst < 1e-6, worst
     assert agent.log_alpha.item() != math.log(cfg.alpha.init)  # the actor and temperature stepped
@@ -136,7 +138,8 @@ def test_the_random_subsets_are_uniform():
     assert torch.allclose(counts, torch.full((N,), M / N, dtype=torch.float64), atol=0.015)
 
 
-@pytest.mark.parametrize("options", [{"critic": {"num_critics": 1}}, {"critic": {"num_critics": 3}, "redq": {"num_min": 5}}])
+@pytest.mark.parametrize("options",
+                         [{"critic": {"num_critics": 1}}, {"critic": {"num_critics": 3}, "redq": {"num_min": 5}}])
 def test_a_subset_larger_than_the_ensemble_is_refused(options):
     with pytest.raises(ConfigError, match=r"^redq\.num_min: must be <= critic\.num_critics"):
         from_dict(TrainConfig, {"agent": "redq", **options})

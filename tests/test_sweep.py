@@ -107,7 +107,8 @@ def test_layout_and_status_after_the_rerun(killed_and_rerun):
     assert killed_and_rerun["code"] == 1  # the bad trials failed
     assert {"sweep.yaml", "base.yaml", "status.json", "logs", "sac", "spectral"} <= {p.name for p in root.iterdir()}
     resolved = yaml.safe_load((root / "sweep.yaml").read_text())
-    assert resolved["methods"]["spectral"] == {"resets.every": 200, "critic.regularizers": [{"name": "spectral", "coef": 1e-3}]}
+    assert resolved["methods"]["spectral"] == {"resets.every": 200,
+                                               "critic.regularizers": [{"name": "spectral", "coef": 1e-3}]}
     assert resolved["base"]["diagnostics"] == {"every": 0} and resolved["base"]["actor"] == {"hidden": [32, 32]}
     st = status(root)
     assert st["counts"] == {"done": 4, "running": 0, "pending": 0, "failed": 2}
@@ -230,8 +231,10 @@ def test_grid_and_seed_packing_name_the_trials(tmp_path):
     assert ids[:3] == ["rr/dmc-cheetah-run/replay_ratio=1/s0-1", "rr/dmc-cheetah-run/replay_ratio=1/s2-3",
                        "rr/dmc-cheetah-run/replay_ratio=1/s4"]
     assert len(ids) == 12
-    assert s.trials[1].overrides == ["critic.lr=0.0001", "env=dmc:cheetah-run", "replay_ratio=1", "seed=2", "num_seeds=2"]
-    assert spec.load_sweep(str(tmp_path / "g.yaml"), ["seeds=[0, 1, 2]", "seeds_per_trial=3"]).trials[0].seeds == [0, 1, 2]
+    assert s.trials[1].overrides == ["critic.lr=0.0001", "env=dmc:cheetah-run", "replay_ratio=1", "seed=2",
+                                     "num_seeds=2"]
+    grouped = spec.load_sweep(str(tmp_path / "g.yaml"), ["seeds=[0, 1, 2]", "seeds_per_trial=3"])
+    assert grouped.trials[0].seeds == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -293,7 +296,8 @@ def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
         theirs = to_dict(load_config(TrainConfig, ROOT / f"run_configs/primacy_bias_{files.get(method, method)}.yaml"))
         if method == "sac_rr1":
             theirs["replay_ratio"] = 1.0
-        assert {k: v for k, v in ours.items() if k != "device"} == {k: v for k, v in theirs.items() if k != "device"}, method
+        assert ({k: v for k, v in ours.items() if k != "device"}
+                == {k: v for k, v in theirs.items() if k != "device"}), method
 
 
 def test_plasticity_sweep_is_the_readme_table():
@@ -313,7 +317,8 @@ def test_priming_methods_are_the_run_configs_of_the_same_names():
                                         "resets/s0-4"]
     for trial in (t for t in s.trials if t.method != "resets_after_priming"):
         ours = to_dict(merge_sources(TrainConfig, s.base, [*trial.overrides, "num_seeds=1"]))
-        theirs = to_dict(load_config(TrainConfig, ROOT / f"run_configs/priming_{trial.method.replace('unprimed', 'sac')}.yaml"))
+        theirs = to_dict(load_config(TrainConfig,
+                                     ROOT / f"run_configs/priming_{trial.method.replace('unprimed', 'sac')}.yaml"))
         if trial.method == "unprimed":
             assert theirs["priming"]["updates"] > 0
             theirs["priming"]["updates"] = 0

@@ -62,7 +62,8 @@ class Reference:
         with torch.no_grad():
             noise = (o.policy_noise * eps).clamp(-o.noise_clip, o.noise_clip)
             a2 = (torch.tanh(_mlp(self.t_actor, s2)) + noise).clamp(-1, 1)
-            y = r + self.cfg.gamma * (1 - d) * torch.min(self.q(self.t_critics[0], s2, a2), self.q(self.t_critics[1], s2, a2))
+            y = r + self.cfg.gamma * (1 - d) * torch.min(self.q(self.t_critics[0], s2, a2),
+                                                         self.q(self.t_critics[1], s2, a2))
         loss = sum(((self.q(c, s, a) - y) ** 2).mean() for c in self.critics)
         self.critic_opt.zero_grad()
         loss.backward()
@@ -144,7 +145,8 @@ def test_a_td3_run_plays_back_its_last_evaluation_and_its_policy_is_deterministi
                           "random_steps=100", "eval_every=150", "eval_episodes=2", "threads=1", f"run_dir={rd}"]) == 0
     policy = load_policy(rd)
     rows = [r for r in csv.DictReader((rd / "evals.csv").open()) if int(r["step"]) == 300]
-    assert policy.recorded is not None and policy.recorded.reset_seeds(policy.seed) == [eval_seed(0, 300, ep) for ep in range(2)]
+    assert policy.recorded is not None
+    assert policy.recorded.reset_seeds(policy.seed) == [eval_seed(0, 300, ep) for ep in range(2)]
     returns = play_episodes(policy, policy.recorded.reset_seeds(policy.seed))
     assert float(np.mean(returns)) == float(rows[0]["return"])
     obs = np.zeros(policy.obs_dim)
@@ -162,11 +164,13 @@ def test_what_a_run_would_silently_never_do_is_said_and_its_directory_names_its_
 
     monkeypatch.chdir(tmp_path)
     assert run_cli(main, [*SMALL, "agent=td3", "td3.policy_delay=1e12", "critic.arch=bronet", "critic.hidden=[32, 32]",
-                          "env=dmc:cartpole-balance", "total_steps=120", "random_steps=100", "eval_every=0", "threads=1",
+                          "env=dmc:cartpole-balance", "total_steps=120", "random_steps=100", "eval_every=0",
+                          "threads=1",
                           "actor.regularizers=[{name: plasticity_injection, at_step: 500}]"]) == 0
     (summary,) = (tmp_path / "runs").glob("*/summary.json")
     assert "__td3+spectral+plasticity_injection+bronet__" in summary.parent.name
     warnings = json.loads(summary.read_text())["warnings"]
-    assert any("td3.policy_delay=1000000000000 exceeds the run's 20 updates: the actor never trains" in w for w in warnings)
+    assert any("td3.policy_delay=1000000000000 exceeds the run's 20 updates: the actor never trains" in w
+               for w in warnings)
     assert any("actor.regularizers[0] (plasticity_injection): at_step=500 lies beyond" in w for w in warnings)
     assert "the actor never trains" in capsys.readouterr().err

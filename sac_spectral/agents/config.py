@@ -1,6 +1,6 @@
 """The configuration of an RL run (``python -m sac_spectral.train``): the agents' shared options
-(:class:`SACConfig`; each agent's own section is registered with it) plus the env, the schedule of steps, evaluations, resets, heavy priming, diagnostics and the run's
-own settings. Defaults are exactly ``run_configs/default.yaml``.
+(:class:`SACConfig`; each agent's own section is registered with it) plus the env, the schedule of steps, evaluations,
+resets, heavy priming, diagnostics and the run's own settings. Defaults are exactly ``run_configs/default.yaml``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def rewarm_totals(random_steps: int, replay_ratio: float, steps_per_task: int, s
     window, totals = min(random_steps, steps_per_task), [0]
     for k in range(1, stages):
         start = k * steps_per_task
-        totals.append(totals[-1] + owed(start + window, random_steps, replay_ratio) - owed(start, random_steps, replay_ratio))
+        totals.append(totals[-1] + owed(start + window, random_steps, replay_ratio)
+                      - owed(start, random_steps, replay_ratio))
     return tuple(totals)
 
 
@@ -52,23 +53,29 @@ def rewarm_totals(random_steps: int, replay_ratio: float, steps_per_task: int, s
 class NetConfig:
     """Architecture, optimizer and regularizers of one network."""
 
-    arch: str = option("mlp", f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; hidden = [width] * (blocks + 1))")
+    arch: str = option("mlp",
+                       f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; hidden = [width] * "
+                       "(blocks + 1))")
     hidden: list[int] = option([256, 256], "hidden layer widths")
     activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
     layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
-    init: str = option("orthogonal", "orthogonal (rl_with_resets: gain √2 and zero bias; an actor's log-std head gain 1) or torch (nn.Linear default)")
+    init: str = option("orthogonal",
+                       "orthogonal (rl_with_resets: gain √2 and zero bias; an actor's log-std head gain 1) or torch "
+                       "(nn.Linear default)")
     lr: float = option(3e-4, "Adam learning rate")
     weight_decay: float = option(0.0, "decoupled weight decay (AdamW); 0 = plain Adam")
     regularizers: list[dict[str, Any]] = option([], "regularizers, e.g. [{name: spectral, coef: 1e-4}]")
 
     def validate(self) -> None:
-        check(len(self.hidden) > 0 and all(h > 0 for h in self.hidden), "hidden", f"widths must be positive, got {self.hidden}")
+        check(len(self.hidden) > 0 and all(h > 0 for h in self.hidden), "hidden",
+              f"widths must be positive, got {self.hidden}")
         check(self.arch in ARCHS, "arch", f"'{self.arch}' is not one of {', '.join(ARCHS)}")
         check(self.arch == "mlp" or len(set(self.hidden)) == 1, "hidden",
               f"{self.arch} needs equal widths (the embedding's, then one per residual block), got {self.hidden}")
         check(self.arch == "mlp" or ACTIVATIONS[self.activation][1] == 1, "activation",
               f"{self.arch} keeps the stream's width; '{self.activation}' changes it")
-        check(self.activation in ACTIVATIONS, "activation", f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        check(self.activation in ACTIVATIONS, "activation",
+              f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
         check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         at_least(self, 0, "weight_decay")
@@ -82,7 +89,8 @@ class ActorConfig(NetConfig):
 
     def validate(self) -> None:
         super().validate()
-        check(self.log_std_min < self.log_std_max, "log_std_min", f"must be < log_std_max ({self.log_std_max}), got {self.log_std_min}")
+        check(self.log_std_min < self.log_std_max, "log_std_min",
+              f"must be < log_std_max ({self.log_std_max}), got {self.log_std_min}")
 
 
 @dataclass
@@ -98,10 +106,20 @@ class CriticConfig(NetConfig):
 class SACConfig:
     gamma: float = option(0.99, "discount")
     tau: float = option(0.005, "Polyak rate of the target critics (every update)")
-    precision: str = option("fp32", "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, losses, targets)")
-    compile: bool = option(False, "torch.compile the whole update: each network's loss, gradient and Adam step as one program (CUDA graphs on GPU)")
-    compile_products: str = option("onednn", "with compile=true on a CPU: the programs' matrix products as oneDNN batched matmuls (onednn: about twice MKL's speed on AMD CPUs) or as ATen's bmm (aten: MKL on x86)")
-    compile_block: int = option(1, "with compile=true: run the updates of one train_steps call (an env step's replay_ratio updates, heavy priming's) this many per program call (one program of that many updates; its first compile takes minutes); 1: one call per update")
+    precision: str = option("fp32",
+                            "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, "
+                            "losses, targets)")
+    compile: bool = option(False,
+                           "torch.compile the whole update: each network's loss, gradient and Adam step as one program "
+                           "(CUDA graphs on GPU)")
+    compile_products: str = option("onednn",
+                                   "with compile=true on a CPU: the programs' matrix products as oneDNN batched "
+                                   "matmuls (onednn: about twice MKL's speed on AMD CPUs) or as ATen's bmm (aten: MKL "
+                                   "on x86)")
+    compile_block: int = option(1,
+                                "with compile=true: run the updates of one train_steps call (an env step's "
+                                "replay_ratio updates, heavy priming's) this many per program call (one program of "
+                                "that many updates; its first compile takes minutes); 1: one call per update")
     actor: ActorConfig = section(ActorConfig)
     critic: CriticConfig = section(CriticConfig)
 
@@ -126,8 +144,12 @@ class SACConfig:
 
 @dataclass
 class ResetConfig:
-    every: int = option(0, "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. 2022: 200000)")
-    at: list[int] = option([], "also reset at these env steps, e.g. [100] with priming.transitions=100: once, right after priming")
+    every: int = option(0,
+                        "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. "
+                        "2022: 200000)")
+    at: list[int] = option([],
+                           "also reset at these env steps, e.g. [100] with priming.transitions=100: once, right after "
+                           "priming")
     what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
     last_layers: int = option(1, "number of final levels re-drawn by what=last_layers (1 = the output heads)")
 
@@ -166,8 +188,11 @@ SWITCH_OPTIMIZER = ("keep", "reset")
 class SwitchConfig:
     """What happens to the agent at a task switch (after the ended stage's evaluations)."""
 
-    buffer: str = option("keep", f"the replay buffer: {' | '.join(SWITCH_BUFFER)} (after a clear, the stage warms up as the run began: random_steps uniform actions, then updates)")
-    reset: str = option("none", "re-draw the networks: none | all | last:<k> (the last k levels, as resets.last_layers counts)")
+    buffer: str = option("keep",
+                         f"the replay buffer: {' | '.join(SWITCH_BUFFER)} (after a clear, the stage warms up as the "
+                         "run began: random_steps uniform actions, then updates)")
+    reset: str = option("none",
+                        "re-draw the networks: none | all | last:<k> (the last k levels, as resets.last_layers counts)")
     optimizer: str = option("keep", f"the optimizers' moments: {' | '.join(SWITCH_OPTIMIZER)}")
 
     def layers(self) -> int | None | bool:
@@ -176,19 +201,23 @@ class SwitchConfig:
 
     def validate(self) -> None:
         check(self.buffer in SWITCH_BUFFER, "buffer", f"'{self.buffer}' is not one of {', '.join(SWITCH_BUFFER)}")
-        check(self.optimizer in SWITCH_OPTIMIZER, "optimizer", f"'{self.optimizer}' is not one of {', '.join(SWITCH_OPTIMIZER)}")
+        check(self.optimizer in SWITCH_OPTIMIZER, "optimizer",
+              f"'{self.optimizer}' is not one of {', '.join(SWITCH_OPTIMIZER)}")
         last = self.reset.split(":")
-        check(self.reset in ("none", "all") or (len(last) == 2 and last[0] == "last" and last[1].isdigit() and int(last[1]) >= 1),
+        check(self.reset in ("none", "all")
+              or (len(last) == 2 and last[0] == "last" and last[1].isdigit() and int(last[1]) >= 1),
               "reset", f"'{self.reset}' is not one of none, all, last:<k> (k >= 1)")
 
 
 @dataclass
 class TrainConfig(SACConfig):
     agent: str = option("sac", agent_choices)
-    env: str = option("dmc:cheetah-run", "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
+    env: str = option("dmc:cheetah-run",
+                      "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
     seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
     num_seeds: int = option(1, "independent agents trained together as members of batched networks")
-    total_steps: int = option(100_000, "env steps: actions of the agent (each advances the simulator action_repeat times); "
+    total_steps: int = option(100_000,
+                              "env steps: actions of the agent (each advances the simulator action_repeat times); "
                                           "with tasks: tasks x cycles x steps_per_task (cycles lengthens a sequence)")
     replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
     batch_size: int = option(256, "transitions per gradient update")
@@ -210,17 +239,20 @@ class TrainConfig(SACConfig):
                                                  "(docs/continual_rl.md); [] = one task, env")
     steps_per_task: int = option(0, "with tasks: env steps per stage (total_steps becomes stages x steps_per_task)")
     cycles: int = option(1, "with tasks: how many times the sequence runs (raise it on --resume to extend the run)")
-    on_switch: SwitchConfig = section(SwitchConfig, "with tasks: what a task switch does to the buffer, networks and optimizers")
+    on_switch: SwitchConfig = section(SwitchConfig,
+                                      "with tasks: what a task switch does to the buffer, networks and optimizers")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
-    diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
+    diagnostics: DiagnosticsConfig = section(DiagnosticsConfig,
+                                             "gradient-rank, spectra, feature and dormant diagnostics")
     actor: ActorConfig = section(lambda: ActorConfig(regularizers=list(DEFAULT_REGULARIZERS)), "policy network")
     critic: CriticConfig = section(lambda: CriticConfig(regularizers=list(DEFAULT_REGULARIZERS)), "Q-networks")
 
     def validate(self) -> None:
         super().validate()
         self._resolve_tasks()
-        at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every")
+        at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes",
+                 "log_every")
         at_least(self, 0, "random_steps", "eval_every", "video_every", "checkpoint_every", "threads")
         check(not self.video_every or (self.eval_every and self.video_every % self.eval_every == 0), "video_every",
               f"must be a multiple of eval_every ({self.eval_every}) or 0, got {self.video_every}")
@@ -231,7 +263,8 @@ class TrainConfig(SACConfig):
               "empty; give a directory, or leave run_dir out for runs/<name>__<time>")
         check(
             self.priming.transitions <= min(self.buffer_size, self.total_steps), "priming.transitions",
-            f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
+            f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got "
+            f"{self.priming.transitions}",
         )
         check_device(self.device)
         check(self.precision != "bf16" or not self.device.startswith("cpu") or cpu_bf16() is not False, "precision",
@@ -254,14 +287,16 @@ class TrainConfig(SACConfig):
             changed = next((k for k, v in given.items() if v != default.get(k)), None)
             if changed is not None:
                 owners = [name for name, cls in AGENTS.items() if key in cls.sections]
-                raise ConfigError(f"{key}.{changed} is an option of agent{'s' * (len(owners) > 1)} {', '.join(owners)}; "
+                raise ConfigError(f"{key}.{changed} is an option of agent{'s' * (len(owners) > 1)} "
+                                  f"{', '.join(owners)}; "
                                   f"this run's agent is {self.agent}")
 
     def _resolve_tasks(self) -> None:
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and
         ``total_steps`` the sequence's length."""
         if not self.tasks:
-            check(self.cycles == 1, "cycles", f"only a task sequence (tasks) repeats; leave it at 1 (got {self.cycles})")
+            check(self.cycles == 1, "cycles",
+                  f"only a task sequence (tasks) repeats; leave it at 1 (got {self.cycles})")
             return
         at_least(self, 1, "steps_per_task", "cycles")
         stages = len(self.tasks) * self.cycles
@@ -297,7 +332,8 @@ class TrainConfig(SACConfig):
             return done
         stage = min((step - 1) // self.steps_per_task, len(self.tasks) * self.cycles - 1)  # the stage step acts in
         start, window = stage * self.steps_per_task, min(self.random_steps, self.steps_per_task)
-        earlier = rewarm_totals(self.random_steps, self.replay_ratio, self.steps_per_task, len(self.tasks) * self.cycles)[stage - 1]
+        earlier = rewarm_totals(self.random_steps, self.replay_ratio, self.steps_per_task,
+                                len(self.tasks) * self.cycles)[stage - 1]
         return done - earlier - owed(min(step, start + window), self.random_steps, self.replay_ratio) + owed(
             start, self.random_steps, self.replay_ratio)
 

@@ -144,7 +144,8 @@ class Engine(nn.Module):
             **{f"{n}.target": (t.target, False) for n, t in table.items() if t.target is not None},
         })
         self._targets = tuple(f"{n}.target" for n, t in table.items() if t.target is not None)
-        self.backend: Eager | Compiled = (Compiled(self, precision == "bf16", getattr(self.cfg, "compile_products", "onednn"))
+        self.backend: Eager | Compiled = (Compiled(self, precision == "bf16",
+                                                   getattr(self.cfg, "compile_products", "onednn"))
                                           if compiled else Eager(self))
 
     def generators(self, net: str) -> list[torch.Generator]:

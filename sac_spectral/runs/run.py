@@ -227,7 +227,8 @@ class Run:
             self._close_bar()
             self._close_logger()
             print(f"error: {describe_os_error(err)} at {loop.position()}; stopping; {self._kept()}; "
-                  f"free some space, then resume with: python -m {self.module} --resume {loop.run_dir}", file=sys.stderr)
+                  f"free some space, then resume with: python -m {self.module} --resume {loop.run_dir}",
+                  file=sys.stderr)
             return 1
 
     def _finish(self) -> None:
@@ -253,7 +254,8 @@ class Run:
     def _kept(self) -> str:
         run_dir = self.loop.run_dir
         kept = run_dir / CHECKPOINT if run_dir else None
-        return f"the last good checkpoint is kept at {kept}" if kept and kept.is_file() else "no checkpoint had been written yet"
+        return (f"the last good checkpoint is kept at {kept}" if kept and kept.is_file()
+                else "no checkpoint had been written yet")
 
     def _close_bar(self) -> None:
         if self.bar is not None:
