@@ -67,7 +67,7 @@ def main() -> None:
         state = ([torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params],
                  [torch.zeros(()) for _ in params])
 
-        def ours() -> None:
+        def ours(params: list = params, grads: list = grads, state: tuple = state) -> None:
             adam_step_(params, grads, *state, 3e-4, (0.9, 0.999), 1e-8, 0.0, False)
 
         tx = optax.adam(3e-4)
@@ -75,13 +75,13 @@ def main() -> None:
         jgrads = [jnp.asarray(p.numpy()) for p in grads]
         carry = [jparams, tx.init(jparams)]
 
-        def update(p: list, opt_state: object, gr: list) -> tuple:
+        def update(p: list, opt_state: object, gr: list, tx: optax.GradientTransformation = tx) -> tuple:
             updates, opt_state = tx.update(gr, opt_state, p)
             return optax.apply_updates(p, updates), opt_state
 
         donated = jax.jit(update, donate_argnums=(0, 1))
 
-        def theirs() -> None:
+        def theirs(carry: list = carry, donated: object = donated, jgrads: list = jgrads) -> None:
             carry[:] = donated(carry[0], carry[1], jgrads)
             jax.block_until_ready(carry[0])
 

@@ -93,7 +93,8 @@ def layers() -> None:
             compiled = torch.compile(layer, dynamic=False, options=options)
             compiled(x, w, b)
             BMM["on"] = False
-            row.append(median_per_call_us(lambda: compiled(x, w, b), 200, 7, warmup=20))
+            row.append(median_per_call_us(lambda compiled=compiled, x=x, w=w, b=b: compiled(x, w, b), 200, 7,
+                                          warmup=20))
         print(f"{members:>7}" + "".join(f"{t:>30.1f}" for t in row), flush=True)
 
 

@@ -48,8 +48,8 @@ def main() -> None:
             torch.testing.assert_close(torch.ops.sac_spectral.member_bmm(a, b), torch.bmm(a, b), rtol=1e-4, atol=1e-3)
             times: dict[str, list[float]] = {"mkl": [], "onednn": []}
             for _ in range(args.rounds):
-                times["mkl"].append(per_call_us(lambda: torch.bmm(a, b), calls))
-                times["onednn"].append(per_call_us(lambda: torch.ops.sac_spectral.member_bmm(a, b), calls))
+                times["mkl"].append(per_call_us(lambda a=a, b=b: torch.bmm(a, b), calls))
+                times["onednn"].append(per_call_us(lambda a=a, b=b: torch.ops.sac_spectral.member_bmm(a, b), calls))
             flops = 2 * m * BATCH * WIDTH * WIDTH
             rate = {k: flops / statistics.median(v) / 1e3 for k, v in times.items()}
             print(f"{m:>7} {name:>14} {rate['mkl']:>12.0f} {rate['onednn']:>15.0f} "

@@ -123,7 +123,7 @@ def test_per_example_gradients_of_a_member_batched_net_stay_within_each_member()
             out = model(x[:, i : i + 1])  # every member sees its own example i
             loss = (out[m] - y[m, i : i + 1]).square().sum()  # member m's loss only
             ref = torch.autograd.grad(loss, params)
-            for (name, g), r, p in zip(grads.items(), ref, params):
+            for (name, g), r in zip(grads.items(), ref):
                 assert torch.count_nonzero(r[torch.arange(3) != m]) == 0  # member m never reaches j ≠ m
                 torch.testing.assert_close(g[i, m], r[m], atol=1e-5, rtol=1e-5, msg=name)
     G = gradient_matrix(grads, members=3)

@@ -282,7 +282,7 @@ def test_nap_projection_is_the_formula_per_member():
     reg = NaP(net, layers="all")
     w0 = [layer.weight.detach().clone() for layer in (*net.layers, net.heads[0])]
     with torch.no_grad():
-        for i, layer in enumerate((*net.layers, net.heads[0])):
+        for layer in (*net.layers, net.heads[0]):
             layer.weight.mul_(torch.tensor([2.0, 0.5, 3.0]).view(3, 1, 1)).add_(0.1)
         net.norms[0].weight.mul_(4.0)
         net.norms[0].bias.add_(1.0)

@@ -30,8 +30,8 @@ def _config() -> TrainConfig:
 
 def _params(net, member, heads):
     layers = list(net.layers) + [net.heads[h] for h in heads]
-    return [(l.weight[member].detach().clone().requires_grad_(), l.bias[member].detach().clone().requires_grad_())
-            for l in layers]
+    return [(lin.weight[member].detach().clone().requires_grad_(), lin.bias[member].detach().clone().requires_grad_())
+            for lin in layers]
 
 
 def _trunk(params, x):

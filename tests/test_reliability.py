@@ -314,7 +314,7 @@ def test8_estimates_match_the_allocations_they_count():
     from sac_spectral.supervised.models import build_model
 
     for name, shape in [("mlp", (1, 8, 8)), ("cnn", (3, 16, 16)), ("vit", (3, 16, 16)), ("resnet18", (3, 16, 16))]:
-        params, acts = sizes.model_size(lambda: build_model(name, shape, 10, 16, 2), shape)
+        params, acts = sizes.model_size(lambda name=name, shape=shape: build_model(name, shape, 10, 16, 2), shape)
         assert params == sum(p.numel() for p in build_model(name, shape, 10, 16, 2).parameters())
         assert acts > 0
 

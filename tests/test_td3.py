@@ -29,8 +29,8 @@ def _config(**td3) -> TrainConfig:
 def _params(net, member):
     """Member ``member``'s ``[(W, b), ...]`` (hidden layers, then the head) as leaf tensors."""
     layers = list(net.layers) + list(net.heads)
-    return [(l.weight[member].detach().clone().requires_grad_(), l.bias[member].detach().clone().requires_grad_())
-            for l in layers]
+    return [(lin.weight[member].detach().clone().requires_grad_(), lin.bias[member].detach().clone().requires_grad_())
+            for lin in layers]
 
 
 def _mlp(params, x):
