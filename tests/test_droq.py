@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from conftest import named_noise, reference_batch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, DroQ, ReplayBuffer
 from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.train import main
@@ -45,7 +45,7 @@ def _linear(layer, member):
 
 def _critic(net, member):
     """Per hidden layer (W, b, LayerNorm gain, shift), then the head's (W, b)."""
-    hidden = [(*_linear(l, member), *_linear(n, member)) for l, n in zip(net.layers, net.norms)]
+    hidden = [(*_linear(lin, member), *_linear(n, member)) for lin, n in zip(net.layers, net.norms)]
     return hidden + [_linear(net.heads[0], member)]
 
 
@@ -54,7 +54,7 @@ class Reference:
 
     def __init__(self, agent: DroQ, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        self.actor = [_linear(l, 0) for l in list(agent.actor.layers) + list(agent.actor.heads)]
+        self.actor = [_linear(lin, 0) for lin in list(agent.actor.layers) + list(agent.actor.heads)]
         self.critics = [_critic(agent.critic, i) for i in range(M)]
         self.targets = [[tuple(t.detach().clone() for t in p) for p in c] for c in self.critics]
         self.log_alpha = torch.tensor(math.log(cfg.alpha.init), requires_grad=True)
@@ -138,7 +138,7 @@ def test_update_equals_the_papers_equations_after_three_updates():
         noise = torch.randn(rows, 1, B, ACT)
         agent.update(batch, named_noise(agent, noise))
         ref.update(*(batch[k][0] for k in ("obs", "action", "reward", "next_obs", "terminated")), noise[:, 0].flatten())
-    pairs = [(_linear(l, 0), p) for l, p in zip(list(agent.actor.layers) + list(agent.actor.heads), ref.actor)]
+    pairs = [(_linear(lin, 0), p) for lin, p in zip(list(agent.actor.layers) + list(agent.actor.heads), ref.actor)]
     pairs += [(o, r) for i in range(M) for o, r in zip(_critic(agent.critic, i), ref.critics[i])]
     pairs += [(o, r) for i in range(M) for o, r in zip(_critic(agent.target_critic, i), ref.targets[i])]
     worst = max((o - t).abs().max().item() for ours, theirs in pairs for o, t in zip(ours, theirs))

@@ -212,6 +212,7 @@ def agent_class(name: str) -> type:
     return AGENTS[name]
 
 
-def build_agent(obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> Agent:
+def build_agent(obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
+                device: str | torch.device = "cpu") -> Agent:
     """The agent ``cfg.agent`` names, for ``len(streams)`` seeds."""
     return agent_class(cfg.agent)(obs_dim, act_dim, cfg, streams, device)

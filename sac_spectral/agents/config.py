@@ -24,23 +24,29 @@ COMPILE_PRODUCTS = ("onednn", "aten")
 class NetConfig:
     """Architecture, optimizer and regularizers of one network."""
 
-    arch: str = option("mlp", f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; hidden = [width] * (blocks + 1))")
+    arch: str = option("mlp",
+                       f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; hidden = [width] * "
+                       "(blocks + 1))")
     hidden: list[int] = option([256, 256], "hidden layer widths")
     activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
     layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
-    init: str = option("orthogonal", "orthogonal (rl_with_resets: gain √2 and zero bias; an actor's log-std head gain 1) or torch (nn.Linear default)")
+    init: str = option("orthogonal",
+                       "orthogonal (rl_with_resets: gain √2 and zero bias; an actor's log-std head gain 1) or torch "
+                       "(nn.Linear default)")
     lr: float = option(3e-4, "Adam learning rate")
     weight_decay: float = option(0.0, "decoupled weight decay (AdamW); 0 = plain Adam")
     regularizers: list[dict[str, Any]] = option([], "regularizers, e.g. [{name: spectral, coef: 1e-4}]")
 
     def validate(self) -> None:
-        check(len(self.hidden) > 0 and all(h > 0 for h in self.hidden), "hidden", f"widths must be positive, got {self.hidden}")
+        check(len(self.hidden) > 0 and all(h > 0 for h in self.hidden), "hidden",
+              f"widths must be positive, got {self.hidden}")
         check(self.arch in ARCHS, "arch", f"'{self.arch}' is not one of {', '.join(ARCHS)}")
         check(self.arch == "mlp" or len(set(self.hidden)) == 1, "hidden",
               f"{self.arch} needs equal widths (the embedding's, then one per residual block), got {self.hidden}")
         check(self.arch == "mlp" or ACTIVATIONS[self.activation][1] == 1, "activation",
               f"{self.arch} keeps the stream's width; '{self.activation}' changes it")
-        check(self.activation in ACTIVATIONS, "activation", f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        check(self.activation in ACTIVATIONS, "activation",
+              f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
         check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         at_least(self, 0, "weight_decay")
@@ -54,7 +60,8 @@ class ActorConfig(NetConfig):
 
     def validate(self) -> None:
         super().validate()
-        check(self.log_std_min < self.log_std_max, "log_std_min", f"must be < log_std_max ({self.log_std_max}), got {self.log_std_min}")
+        check(self.log_std_min < self.log_std_max, "log_std_min",
+              f"must be < log_std_max ({self.log_std_max}), got {self.log_std_min}")
 
 
 @dataclass
@@ -70,10 +77,20 @@ class CriticConfig(NetConfig):
 class SACConfig:
     gamma: float = option(0.99, "discount")
     tau: float = option(0.005, "Polyak rate of the target critics (every update)")
-    precision: str = option("fp32", "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, losses, targets)")
-    compile: bool = option(False, "torch.compile the whole update: each network's loss, gradient and Adam step as one program (CUDA graphs on GPU)")
-    compile_products: str = option("onednn", "with compile=true on a CPU: the programs' matrix products as oneDNN batched matmuls (onednn: about twice MKL's speed on AMD CPUs) or as ATen's bmm (aten: MKL on x86)")
-    compile_block: int = option(1, "with compile=true: run the updates of one train_steps call (an env step's replay_ratio updates, heavy priming's) this many per program call (one program of that many updates; its first compile takes minutes); 1: one call per update")
+    precision: str = option("fp32",
+                            "fp32, or bf16 matmuls on bf16 weight copies (fp32 master weights, optimizer state, "
+                            "losses, targets)")
+    compile: bool = option(False,
+                           "torch.compile the whole update: each network's loss, gradient and Adam step as one program "
+                           "(CUDA graphs on GPU)")
+    compile_products: str = option("onednn",
+                                   "with compile=true on a CPU: the programs' matrix products as oneDNN batched "
+                                   "matmuls (onednn: about twice MKL's speed on AMD CPUs) or as ATen's bmm (aten: MKL "
+                                   "on x86)")
+    compile_block: int = option(1,
+                                "with compile=true: run the updates of one train_steps call (an env step's "
+                                "replay_ratio updates, heavy priming's) this many per program call (one program of "
+                                "that many updates; its first compile takes minutes); 1: one call per update")
     actor: ActorConfig = section(ActorConfig)
     critic: CriticConfig = section(CriticConfig)
 

@@ -56,7 +56,6 @@ from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer, build_regularizers, penalized_step
 
 
-
 @dataclass
 class Trained:
     """One trained network of an agent: its module (``members`` members per seed), optimizer,
@@ -145,7 +144,8 @@ class Engine(nn.Module):
             **{f"{n}.target": (t.target, False) for n, t in table.items() if t.target is not None},
         })
         self._targets = tuple(f"{n}.target" for n, t in table.items() if t.target is not None)
-        self.backend: Eager | Compiled = (Compiled(self, precision == "bf16", getattr(self.cfg, "compile_products", "onednn"))
+        self.backend: Eager | Compiled = (Compiled(self, precision == "bf16",
+                                                   getattr(self.cfg, "compile_products", "onednn"))
                                           if compiled else Eager(self))
 
     def generators(self, net: str) -> list[torch.Generator]:
@@ -154,8 +154,8 @@ class Engine(nn.Module):
 
     def _build_regularizers(self) -> None:
         """Each network's regularizers with its optimizer (their probe inputs are handed to them each
-        update: :meth:`update`), its target, and per-member random streams seeded from each seed's ``init`` stream (so seed i
-        of a multi-seed run draws what a single-seed run draws)."""
+        update: :meth:`update`), its target, and per-member random streams seeded from each seed's
+        ``init`` stream (so seed i of a multi-seed run draws what a single-seed run draws)."""
         for net, t in self.trained.items():
             t.regularizers = build_regularizers(t.module, t.cfg.regularizers, f"{net}.regularizers")
             for reg in t.regularizers:

@@ -68,7 +68,8 @@ def _factor(value: Any, where: str) -> float | tuple[float, float]:
         return float(value)
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_positive, value)) and value[0] <= value[1]:
         return (float(value[0]), float(value[1]))
-    raise TaskError(f"{where}: expected a finite factor > 0 or a range [low, high] with 0 < low <= high < inf, got {value!r}")
+    raise TaskError(f"{where}: expected a finite factor > 0 or a range [low, high] with 0 < low <= high < inf, got "
+                    f"{value!r}")
 
 
 def describe_dynamics(dynamics: Mapping[str, float | tuple[float, float]]) -> str:
@@ -251,7 +252,8 @@ def apply_dynamics(env: gym.Env, factors: Mapping[str, float]) -> None:
         return
     model = mujoco_model(env)
     if model is None:
-        raise TaskError(f"dynamics {dict(factors)} need a MuJoCo env (DMC or gymnasium MuJoCo), not {env.spec.id if env.spec else env}")
+        raise TaskError(f"dynamics {dict(factors)} need a MuJoCo env (DMC or gymnasium MuJoCo), not "
+                        f"{env.spec.id if env.spec else env}")
     for key, f in factors.items():
         if key == "friction":
             model.geom_friction[:, 0] *= f

@@ -124,7 +124,8 @@ class Regularizer:
         state = dict(state)
         rng = state.pop(_RNG_KEY, None)
         if (rng is None) != (not self.generators):
-            raise KeyError(f"{self.name}: random-stream state {'missing from' if rng is None else 'unexpected in'} the checkpoint")
+            raise KeyError(f"{self.name}: random-stream state {'missing from' if rng is None else 'unexpected in'} the "
+                           "checkpoint")
         missing = set(self.state) ^ set(state)
         if missing:
             raise KeyError(f"{self.name}: state keys differ from the checkpoint's: {sorted(missing)}")
@@ -137,13 +138,15 @@ class Regularizer:
             self.state[key].copy_(value)
         if rng is not None:
             if len(rng) != len(self.generators):
-                raise ValueError(f"{self.name}: checkpoint has {len(rng)} random streams, this network {len(self.generators)}")
+                raise ValueError(f"{self.name}: checkpoint has {len(rng)} random streams, this network "
+                                 f"{len(self.generators)}")
             for g, s in zip(self.generators, rng):
                 g.set_state(s.clone())  # a row view of the stacked states is not accepted as is
 
     def _require_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
-            raise RuntimeError(f"{self.name}: call attach(optimizer) first, so the optimizer state of changed parameters is reset")
+            raise RuntimeError(f"{self.name}: call attach(optimizer) first, so the optimizer state of changed "
+                               "parameters is reset")
         return self.optimizer
 
 

@@ -26,8 +26,12 @@ MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
 
 @dataclass
 class ResetConfig:
-    every: int = option(0, "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. 2022: 200000)")
-    at: list[int] = option([], "also reset at these env steps, e.g. [100] with priming.transitions=100: once, right after priming")
+    every: int = option(0,
+                        "reset the agent every N env steps, after that step's evaluation (0 = never; Nikishin et al. "
+                        "2022: 200000)")
+    at: list[int] = option([],
+                           "also reset at these env steps, e.g. [100] with priming.transitions=100: once, right after "
+                           "priming")
     what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
     last_layers: int = option(1, "number of final levels re-drawn by what=last_layers (1 = the output heads)")
 
@@ -66,8 +70,11 @@ SWITCH_OPTIMIZER = ("keep", "reset")
 class SwitchConfig:
     """What happens to the agent at a task switch (after the ended stage's evaluations)."""
 
-    buffer: str = option("keep", f"the replay buffer: {' | '.join(SWITCH_BUFFER)} (after a clear, the stage warms up as the run began: random_steps uniform actions, then updates)")
-    reset: str = option("none", "re-draw the networks: none | all | last:<k> (the last k levels, as resets.last_layers counts)")
+    buffer: str = option("keep",
+                         f"the replay buffer: {' | '.join(SWITCH_BUFFER)} (after a clear, the stage warms up as the "
+                         "run began: random_steps uniform actions, then updates)")
+    reset: str = option("none",
+                        "re-draw the networks: none | all | last:<k> (the last k levels, as resets.last_layers counts)")
     optimizer: str = option("keep", f"the optimizers' moments: {' | '.join(SWITCH_OPTIMIZER)}")
 
     def layers(self) -> int | None | bool:
@@ -76,19 +83,23 @@ class SwitchConfig:
 
     def validate(self) -> None:
         check(self.buffer in SWITCH_BUFFER, "buffer", f"'{self.buffer}' is not one of {', '.join(SWITCH_BUFFER)}")
-        check(self.optimizer in SWITCH_OPTIMIZER, "optimizer", f"'{self.optimizer}' is not one of {', '.join(SWITCH_OPTIMIZER)}")
+        check(self.optimizer in SWITCH_OPTIMIZER, "optimizer",
+              f"'{self.optimizer}' is not one of {', '.join(SWITCH_OPTIMIZER)}")
         last = self.reset.split(":")
-        check(self.reset in ("none", "all") or (len(last) == 2 and last[0] == "last" and last[1].isdigit() and int(last[1]) >= 1),
+        check(self.reset in ("none", "all")
+              or (len(last) == 2 and last[0] == "last" and last[1].isdigit() and int(last[1]) >= 1),
               "reset", f"'{self.reset}' is not one of none, all, last:<k> (k >= 1)")
 
 
 @dataclass
 class TrainConfig(SACConfig):
     agent: str = option("sac", agent_choices)
-    env: str = option("dmc:cheetah-run", "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
+    env: str = option("dmc:cheetah-run",
+                      "environment: dmc:<domain>-<task>, dm_control/<domain>-<task>-v0 or a gymnasium id")
     seed: int = option(0, "random seed (seed i of a multi-seed run uses seed + i)")
     num_seeds: int = option(1, "independent agents trained together as members of batched networks")
-    total_steps: int = option(100_000, "env steps: actions of the agent (each advances the simulator action_repeat times); "
+    total_steps: int = option(100_000,
+                              "env steps: actions of the agent (each advances the simulator action_repeat times); "
                                           "with tasks: tasks x cycles x steps_per_task (cycles lengthens a sequence)")
     replay_ratio: float = option(1.0, "gradient updates per env step (0.5 = one update every 2 steps)")
     batch_size: int = option(256, "transitions per gradient update")
@@ -110,17 +121,20 @@ class TrainConfig(SACConfig):
                                                  "(docs/continual_rl.md); [] = one task, env")
     steps_per_task: int = option(0, "with tasks: env steps per stage (total_steps becomes stages x steps_per_task)")
     cycles: int = option(1, "with tasks: how many times the sequence runs (raise it on --resume to extend the run)")
-    on_switch: SwitchConfig = section(SwitchConfig, "with tasks: what a task switch does to the buffer, networks and optimizers")
+    on_switch: SwitchConfig = section(SwitchConfig,
+                                      "with tasks: what a task switch does to the buffer, networks and optimizers")
     resets: ResetConfig = section(ResetConfig)
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
-    diagnostics: DiagnosticsConfig = section(DiagnosticsConfig, "gradient-rank, spectra, feature and dormant diagnostics")
+    diagnostics: DiagnosticsConfig = section(DiagnosticsConfig,
+                                             "gradient-rank, spectra, feature and dormant diagnostics")
     actor: ActorConfig = section(lambda: ActorConfig(regularizers=list(DEFAULT_REGULARIZERS)), "policy network")
     critic: CriticConfig = section(lambda: CriticConfig(regularizers=list(DEFAULT_REGULARIZERS)), "Q-networks")
 
     def validate(self) -> None:
         super().validate()
         self._resolve_tasks()
-        at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every")
+        at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes",
+                 "log_every")
         at_least(self, 0, "random_steps", "eval_every", "video_every", "checkpoint_every", "threads")
         check(not self.video_every or (self.eval_every and self.video_every % self.eval_every == 0), "video_every",
               f"must be a multiple of eval_every ({self.eval_every}) or 0, got {self.video_every}")
@@ -131,7 +145,8 @@ class TrainConfig(SACConfig):
               "empty; give a directory, or leave run_dir out for runs/<name>__<time>")
         check(
             self.priming.transitions <= min(self.buffer_size, self.total_steps), "priming.transitions",
-            f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got {self.priming.transitions}",
+            f"must be <= buffer_size ({self.buffer_size}) and total_steps ({self.total_steps}), got "
+            f"{self.priming.transitions}",
         )
         check_device(self.device)
         check(self.precision != "bf16" or not self.device.startswith("cpu") or cpu_bf16() is not False, "precision",
@@ -154,14 +169,16 @@ class TrainConfig(SACConfig):
             changed = next((k for k, v in given.items() if v != default.get(k)), None)
             if changed is not None:
                 owners = [name for name, cls in AGENTS.items() if key in cls.sections]
-                raise ConfigError(f"{key}.{changed} is an option of agent{'s' * (len(owners) > 1)} {', '.join(owners)}; "
+                raise ConfigError(f"{key}.{changed} is an option of agent{'s' * (len(owners) > 1)} "
+                                  f"{', '.join(owners)}; "
                                   f"this run's agent is {self.agent}")
 
     def _resolve_tasks(self) -> None:
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and
         ``total_steps`` the sequence's length."""
         if not self.tasks:
-            check(self.cycles == 1, "cycles", f"only a task sequence (tasks) repeats; leave it at 1 (got {self.cycles})")
+            check(self.cycles == 1, "cycles",
+                  f"only a task sequence (tasks) repeats; leave it at 1 (got {self.cycles})")
             return
         at_least(self, 1, "steps_per_task", "cycles")
         stages = len(self.tasks) * self.cycles

@@ -51,7 +51,8 @@ def estimate_cost(cfg: TrainConfig, model: Any) -> tuple[int, float]:
         buf = ReplayBuffer(4 * cfg.batch_size, obs_dim, act_dim, cfg.num_seeds, cfg.device)
         m = cfg.num_seeds
         for _ in range(4 * cfg.batch_size):
-            buf.add(torch.randn(m, obs_dim), torch.rand(m, act_dim) * 2 - 1, torch.randn(m), torch.randn(m, obs_dim), torch.zeros(m))
+            buf.add(torch.randn(m, obs_dim), torch.rand(m, act_dim) * 2 - 1, torch.randn(m), torch.randn(m, obs_dim),
+                    torch.zeros(m))
         agent.train_steps(buf, 2, cfg.batch_size)
         return model.measure(lambda: agent.train_steps(buf, 4, cfg.batch_size)) / 4
 

@@ -24,7 +24,8 @@ def scale(config: Mapping[str, Any]) -> float | None:
 def history(summary: Mapping[str, Any]) -> list[Row]:
     """The evaluations in a ``summary.json`` (runs written before ``evals.csv``)."""
     seeds = summary.get("seeds") or [summary.get("seed")]
-    return [{"step": e["step"], "seed": s, "return": r} for e in summary["eval_history"] for s, r in zip(seeds, e["returns"])]
+    return [{"step": e["step"], "seed": s, "return": r} for e in summary["eval_history"] for s,
+            r in zip(seeds, e["returns"])]
 
 
 def names_run(summary: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
