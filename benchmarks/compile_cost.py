@@ -46,9 +46,10 @@ def main() -> None:
                                  for name, a in (("eager", eager), ("compiled", compiled))}, args.repeats)
         cost = first if clock == "wall" else first_cpu
         gain = t["eager"] - t["compiled"]
-        print(f"{clock}: threads={args.threads} seeds={args.seeds} batch={args.batch}: building the agent and its first "
-              f"compiled call {cost:.1f} s; eager {t['eager'] * 1e3:.2f} ms/update, compiled {t['compiled'] * 1e3:.2f} "
-              f"ms/update, gain {gain * 1e3:.2f} ms/update; the compile pays after {cost / max(gain, 1e-9):.0f} updates")
+        print(f"{clock}: threads={args.threads} seeds={args.seeds} batch={args.batch}: building the agent and its "
+              f"first compiled call {cost:.1f} s; eager {t['eager'] * 1e3:.2f} ms/update, compiled "
+              f"{t['compiled'] * 1e3:.2f} ms/update, gain {gain * 1e3:.2f} ms/update; the compile pays after "
+              f"{cost / max(gain, 1e-9):.0f} updates")
 
 
 def cpu_s() -> float:

@@ -11,13 +11,13 @@ import pytest
 import torch
 import yaml
 
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.apps.rl import compile_choice
 from sac_spectral.apps.rl.compile_choice import (
     AUTO_MIN_UPDATES,
     auto_compile,
     resolve_compile,
 )
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.train import main
 from sac_spectral.core.config import ConfigError, load_config
 from sac_spectral.runs.cli import run_cli
@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 LAZY = ("dm_control", "mujoco", "shimmy", "tensorboard", "matplotlib", "ray", "rliable", "pandas",
         "sac_spectral.studies", "torch._inductor")
 TINY = ["env=dmc:cartpole-balance", "random_steps=20", "total_steps=30", "eval_every=0", "eval_episodes=1",
-        "batch_size=8", "actor.hidden=[8,8]", "critic.hidden=[8,8]", "threads=1", "progress=false", "diagnostics.every=0",
-        "checkpoint_every=0"]
+        "batch_size=8", "actor.hidden=[8,8]", "critic.hidden=[8,8]", "threads=1", "progress=false",
+        "diagnostics.every=0", "checkpoint_every=0"]
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def _loaded(code: str) -> list[str]:
@@ -102,6 +102,10 @@ def _never() -> str | None:
     raise AssertionError("consulted")
 
 
+def _present() -> str | None:
+    return None
+
+
 def _long(updates: int) -> TrainConfig:
     """The default run with ``updates`` updates (replay ratio 1 after the default random steps)."""
     cfg = TrainConfig()
@@ -111,9 +115,8 @@ def _long(updates: int) -> TrainConfig:
 
 
 def test_auto_compiles_a_long_run_on_a_cpu_with_a_compiler_and_the_kernels():
-    present = lambda: None
-    assert auto_compile(_long(AUTO_MIN_UPDATES), torch.device("cpu"), compiler=present, kernels=present)[0] is True
-    assert auto_compile(_long(10 * AUTO_MIN_UPDATES), torch.device("cpu"), compiler=present, kernels=present)[0] is True
+    for updates in (AUTO_MIN_UPDATES, 10 * AUTO_MIN_UPDATES):
+        assert auto_compile(_long(updates), torch.device("cpu"), compiler=_present, kernels=_present)[0] is True
 
 
 def test_auto_runs_a_short_run_eager_without_looking_for_a_compiler():
@@ -122,10 +125,10 @@ def test_auto_runs_a_short_run_eager_without_looking_for_a_compiler():
 
 
 def test_auto_runs_eager_without_a_compiler_or_the_kernels_and_says_why():
-    cfg, present = _long(2 * AUTO_MIN_UPDATES), (lambda: None)
+    cfg = _long(2 * AUTO_MIN_UPDATES)
     assert auto_compile(cfg, torch.device("cpu"), compiler=lambda: "tried 'g++'", kernels=_never) == (
         False, "no C++ compiler (tried 'g++')")
-    assert auto_compile(cfg, torch.device("cpu"), compiler=present, kernels=lambda: "no oneDNN") == (
+    assert auto_compile(cfg, torch.device("cpu"), compiler=_present, kernels=lambda: "no oneDNN") == (
         False, "the C++ kernels are unavailable (no oneDNN)")
     assert auto_compile(cfg, torch.device("cuda"), compiler=_never, kernels=_never)[0] is False
 

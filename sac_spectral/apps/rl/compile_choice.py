@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from sac_spectral.agents import agent_class
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core import native
 
 #: wall seconds of a first compile of the default agent's update (one seed, one thread), the C++ kernels'
