@@ -20,11 +20,17 @@ class RunLogger:
     """Writes scalars, histograms and hparams to TensorBoard event files in ``run_dir``."""
 
     def __init__(self, run_dir: Path, num_seeds: int = 1, purge_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # TensorBoard loads here, when a run opens its directory
-
         self.run_dir, self.num_seeds = Path(run_dir), num_seeds
-        self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+        self.writer = self.writer_class()(log_dir=str(run_dir), purge_step=purge_step)
         self._last_return: list[float | None] = [None] * num_seeds
+
+    @staticmethod
+    def writer_class() -> type:
+        """TensorBoard's ``SummaryWriter``, imported on first use (not on ``import sac_spectral``: a
+        run loads it with its envs and agent, before it writes its directory)."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter
 
     def seed_tag(self, tag: str, seed: int) -> str:
         """``tag`` for one seed's value: the tag itself in a one-seed run, else ``seed<i>/<tag>``."""

@@ -296,6 +296,7 @@ class Run:
                 if fresh:
                     print(f"config: {build.describe_config(cfg, threads)}", file=sys.stderr, flush=True)
                 loop = build(cfg, threads)
+                RunLogger.writer_class()  # TensorBoard's import, before the run directory is written
                 if resolved.resume_dir is None:
                     print(f"run directory: {loop.open_new()}", file=sys.stderr)
                 elif resolved.restart:
