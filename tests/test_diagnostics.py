@@ -288,7 +288,7 @@ def _agent_and_buffer(seeds=(0, 1), arch="mlp"):
     return agent, buf
 
 
-@pytest.mark.parametrize("arch", ["mlp", "bronet", "simba"])
+@pytest.mark.parametrize("arch", ["mlp", "bronet", "simba", "simbav2"])
 @pytest.mark.parametrize("which", ["critic", "actor"])
 def test_sac_closures_factored_equals_torch_func_per_member(which, arch):
     agent, buf = _agent_and_buffer(arch=arch)
