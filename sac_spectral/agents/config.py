@@ -13,6 +13,7 @@ from typing import Any
 
 from sac_spectral.agents.base import AGENTS, agent_choices, agent_class, agent_sections
 from sac_spectral.agents.probes import DiagnosticsConfig
+from sac_spectral.agents.reward_scale import REWARD_SCALES, RewardScale, make_reward_scale
 from sac_spectral.core.config import ConfigError, at_least, check, flatten, option, section, to_dict
 from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS
@@ -22,6 +23,8 @@ from sac_spectral.envs.tasks import MAX_STAGES, Task, TaskError, TaskSequence, p
 from sac_spectral.regularizers import validate_specs
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
+#: regularizers that rescale weights after each step, as simbav2's own projection does
+SPHERE_CONFLICTS = ("nap", "spectral_norm")
 
 
 RESET_CHOICES = ("all", "last_layers")
@@ -52,7 +55,8 @@ def rewarm_totals(random_steps: int, replay_ratio: float, steps_per_task: int, s
 class NetConfig:
     """Architecture, optimizer and regularizers of one network."""
 
-    arch: str = option("mlp", f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; hidden = [width] * (blocks + 1))")
+    arch: str = option("mlp", f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; simbav2: "
+                              "hyperspherical; hidden = [width] * (blocks + 1))")
     hidden: list[int] = option([256, 256], "hidden layer widths")
     activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
     layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
@@ -69,6 +73,12 @@ class NetConfig:
         check(self.arch == "mlp" or ACTIVATIONS[self.activation][1] == 1, "activation",
               f"{self.arch} keeps the stream's width; '{self.activation}' changes it")
         check(self.activation in ACTIVATIONS, "activation", f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        check(self.arch != "simbav2" or not self.layer_norm, "layer_norm",
+              "simbav2 normalizes its features onto the unit sphere; layer_norm: true contradicts it (set it false)")
+        projections = [r.get("name") for r in self.regularizers if r.get("name") in SPHERE_CONFLICTS]
+        check(self.arch != "simbav2" or not projections, "regularizers",
+              f"{', '.join(projections)} rescales weights after each step, which contradicts simbav2's projection of "
+              "every weight row onto the unit sphere; drop it")
         check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         at_least(self, 0, "weight_decay")
@@ -205,6 +215,11 @@ class TrainConfig(SACConfig):
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle, re-chosen every 10 s)")
     progress: bool = option(True, "show a progress bar")
+    reward_scale: str = option("none", f"{' | '.join(REWARD_SCALES)}: simbav2 divides the rewards of every replay batch by "
+                                       "the running scale of the discounted return (SimbaV2); stored, logged and "
+                                       "evaluated returns stay unscaled")
+    reward_scale_g_max: float = option(5.0, "reward_scale=simbav2: the divisor is at least max|G| / this, so scaled "
+                                            "returns stay within ±this (the paper's G_max)")
     tasks: list[dict[str, Any]] = option([], "continual RL: the stages' tasks in order, e.g. [{env: dmc:walker-walk}, "
                                                  "{env: dmc:walker-run, dynamics: {friction: 0.5}, permute_obs: true}] "
                                                  "(docs/continual_rl.md); [] = one task, env")
@@ -225,6 +240,9 @@ class TrainConfig(SACConfig):
         check(not self.video_every or (self.eval_every and self.video_every % self.eval_every == 0), "video_every",
               f"must be a multiple of eval_every ({self.eval_every}) or 0, got {self.video_every}")
         check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")
+        check(self.reward_scale in REWARD_SCALES, "reward_scale",
+              f"'{self.reward_scale}' is not one of {', '.join(REWARD_SCALES)}")
+        check(self.reward_scale_g_max > 0, "reward_scale_g_max", f"must be > 0, got {self.reward_scale_g_max}")
         check(0 <= self.seed and self.seed + self.num_seeds <= MAX_SEED + 1, "seed",
               f"seeds must lie in [0, {MAX_SEED}]; got seed={self.seed} with num_seeds={self.num_seeds}")
         check(self.run_dir is None or bool(self.run_dir.strip()), "run_dir",
@@ -284,6 +302,10 @@ class TrainConfig(SACConfig):
         """Whether a sequence's later stages warm up again (a switch clears the buffer)."""
         return bool(self.tasks) and self.on_switch.buffer == "clear"
 
+    def reward_scaling(self) -> RewardScale | None:
+        """A fresh reward scale of this run's ``reward_scale`` (``None`` for ``none``)."""
+        return make_reward_scale(self.reward_scale, self.num_seeds, self.gamma, self.reward_scale_g_max)
+
     def warmup_end(self, stage: int) -> int:
         """The env step up to which stage ``stage`` acts uniformly at random without updates:
         ``random_steps`` into the run, and into each stage that starts from a cleared buffer."""
@@ -325,6 +347,8 @@ def run_tag(cfg: TrainConfig) -> str:
     archs = dict.fromkeys(arch for arch in (cfg.critic.arch, cfg.actor.arch) if arch != "mlp")
     if archs:
         tag += "+" + "+".join(archs)
+    if cfg.reward_scale != "none":
+        tag += f"+{cfg.reward_scale}_rewards"
     if cfg.priming.updates:
         tag += "+primed"
     return f"{tag}+resets" if cfg.resets.every or cfg.resets.at else tag
