@@ -9,13 +9,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import TOY_ID
-from test_engine import _assert_equal, _train, float64  # noqa: F401 (a fixture)
-from test_train import FAST, _assert_same_state, _params, run
 
 from sac_spectral.agents import SAC, ReplayBuffer
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.reward_scale import RewardScale
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.diagnose import load_run
 from sac_spectral.apps.rl.policy import load_policy, play_episodes
 from sac_spectral.core.config import ConfigError, merge_sources
@@ -24,6 +21,8 @@ from sac_spectral.core.layers import layer_views
 from sac_spectral.core.residual import make_network
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Spectral
+from test_engine import _assert_equal, _train, float64  # noqa: F401 (a fixture)
+from test_train import FAST, _assert_same_state, _params, run
 
 IN, W, BLOCKS = 6, 16, 2
 
@@ -51,8 +50,10 @@ def _reference(net, m, x):
         b = f"blocks.{i}."
         u = torch.relu((h @ p[b + "linear_in.weight"].T) * p[b + "scaler.weight"])
         h = _n(h + alpha * p[b + "alpha.weight"] * (_n(u @ p[b + "linear_out.weight"].T) - h))
-    return [((h @ p[f"heads.{j}.linear_in.weight"].T) * p[f"heads.{j}.scaler.weight"]) @ p[f"heads.{j}.linear_out.weight"].T
-            + p[f"heads.{j}.linear_out.bias"] for j in range(2)]
+    heads = [{k: p[f"heads.{j}.{k}"] for k in ("linear_in.weight", "scaler.weight", "linear_out.weight",
+                                                 "linear_out.bias")} for j in range(2)]
+    return [((h @ q["linear_in.weight"].T) * q["scaler.weight"]) @ q["linear_out.weight"].T + q["linear_out.bias"]
+            for q in heads]
 
 
 def test_each_member_is_the_papers_network():

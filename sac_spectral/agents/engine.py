@@ -14,10 +14,11 @@ from each seed's ``sample`` stream).
 step by step. The projection is the network's own constraint
 (:meth:`~sac_spectral.core.nets.BatchedNetwork.project`: SimbaV2's weights back onto the unit
 sphere; nothing for the others), part of the optimizer step in both backends, so a compiled
-program holds it and it never ends a segment. A **backend** computes only the gradient and optimizer step of a *segment* of
-consecutive steps: eager (autograd and ``torch.optim``, bf16 weight copies) runs one step per
-segment; the compiled backend (:mod:`~sac_spectral.agents.compiled`) runs as many consecutive steps
-as no intervention separates as one program, and the ``after()`` of a segment's last step inside
+program holds it and it never ends a segment. A **backend** computes only the gradient and
+optimizer step of a *segment* of consecutive steps: eager (autograd and ``torch.optim``, bf16
+weight copies) runs one step per segment; the compiled backend
+(:mod:`~sac_spectral.agents.compiled`) runs as many consecutive steps as no intervention separates
+as one program, and the ``after()`` of a segment's last step inside
 it only where that network has no intervention (so an intervention always runs before the step's
 ``after()``, as eager runs it). Blocks of several updates (``compile_block``) are one program call
 of the same loop where nothing intervenes. Compiled therefore equals eager by construction.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -53,10 +55,9 @@ from sac_spectral.agents.steps import (
 )
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.precision import make_precision
-from sac_spectral.core.reinit import reset_layers
+from sac_spectral.core.reinit import forget, reset_layers
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer, build_regularizers, penalized_step
-
 
 
 @dataclass
@@ -134,7 +135,6 @@ class Engine(nn.Module):
         self.num_updates = 0
         self.last_metrics: Metrics = {}
         self.trained: dict[str, Trained] = {}
-        self._batch: Metrics = {}
         #: what one update (and one diagnostics probe) draws per seed, by name, in this order:
         #: shapes of standard normals, :data:`~sac_spectral.agents.steps.BATCH` for the batch axis
         self.draws: Draws = {}
@@ -150,7 +150,8 @@ class Engine(nn.Module):
             **{f"{n}.target": (t.target, False) for n, t in table.items() if t.target is not None},
         })
         self._targets = tuple(f"{n}.target" for n, t in table.items() if t.target is not None)
-        self.backend: Eager | Compiled = (Compiled(self, precision == "bf16", getattr(self.cfg, "compile_products", "onednn"))
+        self.backend: Eager | Compiled = (Compiled(self, precision == "bf16",
+                                                   getattr(self.cfg, "compile_products", "onednn"))
                                           if compiled else Eager(self))
 
     def generators(self, net: str) -> list[torch.Generator]:
@@ -158,14 +159,13 @@ class Engine(nn.Module):
         return [g for g in self.streams["init"] for _ in range(self.trained[net].members)]
 
     def _build_regularizers(self) -> None:
-        """Each network's regularizers with its optimizer, its inputs of the current update as probe,
-        its target, and per-member random streams seeded from each seed's ``init`` stream (so seed i
-        of a multi-seed run draws what a single-seed run draws)."""
+        """Each network's regularizers with its optimizer (their probe inputs are handed to them each
+        update: :meth:`update`), its target, and per-member random streams seeded from each seed's
+        ``init`` stream (so seed i of a multi-seed run draws what a single-seed run draws)."""
         for net, t in self.trained.items():
             t.regularizers = build_regularizers(t.module, t.cfg.regularizers, f"{net}.regularizers")
             for reg in t.regularizers:
                 reg.attach(t.optimizer)
-                reg.set_probe(lambda t=t: t.inputs(self._batch))
                 if t.target is not None:
                     reg.set_target(t.target)
                 if reg.generators:
@@ -196,8 +196,12 @@ class Engine(nn.Module):
     def update(self, batch: Metrics, noise: Noise) -> Metrics:
         """One update of every seed on ``batch`` ``[N, B, ...]`` with the named ``noise`` of :attr:`draws`:
         the loop of the module docstring over :meth:`steps`. Returns every step's latest per-seed
-        metrics (device tensors, no host sync)."""
-        self._batch, update = batch, self.num_updates + 1
+        metrics (device tensors, no host sync). Each regularizer's probe is this update's batch, as its
+        network's inputs (a block of updates carries no regularizer that probes: :meth:`_block_size`)."""
+        update = self.num_updates + 1
+        for t in self.trained.values():
+            for reg in filter(intervenes, t.regularizers):
+                reg.set_probe(partial(t.inputs, batch))
         for segment in self.backend.segments(self.steps(update)):
             self.last_metrics.update(self.backend.run(segment, batch, noise))
             last = segment.steps[-1]
@@ -233,7 +237,6 @@ class Engine(nn.Module):
                 before_last()
             size = self._block_size((hook if r < hook else count) - r)
             if size > 1:
-                self._batch = {k: v[r + size - 1] for k, v in data.items()}
                 plan = tuple(tuple(self.steps(u)) for u in range(self.num_updates + 1, self.num_updates + 1 + size))
                 self.last_metrics.update(self.backend.block(plan, {k: v[r : r + size] for k, v in data.items()},
                                                             {k: v[r : r + size] for k, v in noise.items()}))
@@ -278,6 +281,12 @@ class Engine(nn.Module):
         if last is None:
             self._build_regularizers()
         self.precision.refresh()
+
+    def forget_optimizers(self) -> None:
+        """Clear every trained network's optimizer state (Adam's moments and step count restart, as
+        at a task switch with ``on_switch.optimizer: reset``); the parameters stay."""
+        for t in self.trained.values():
+            forget(t.optimizer, t.module.parameters())
 
     def metrics(self) -> Metrics:
         """Per-seed ``[N]`` metrics of every regularizer, ``reg/<net>/<name>/<key>``."""
