@@ -12,12 +12,14 @@ from functools import lru_cache
 from typing import Any
 
 from sac_spectral.agents.base import AGENTS, agent_choices, agent_class, agent_sections
+from sac_spectral.agents.heads import HEAD_OPTIONS, HEADS, PROJECTIONS, support_bounds
 from sac_spectral.agents.probes import DiagnosticsConfig
 from sac_spectral.core.config import ConfigError, at_least, check, flatten, option, section, to_dict
 from sac_spectral.core.device import check_device
 from sac_spectral.core.nets import ACTIVATIONS, INITS
 from sac_spectral.core.precision import BF16_FLAGS, PRECISIONS, cpu_bf16
 from sac_spectral.core.residual import ARCHS
+from sac_spectral.envs.make import reward_bound
 from sac_spectral.envs.tasks import MAX_STAGES, Task, TaskError, TaskSequence, parse_tasks
 from sac_spectral.regularizers import validate_specs
 
@@ -88,10 +90,36 @@ class ActorConfig(NetConfig):
 @dataclass
 class CriticConfig(NetConfig):
     num_critics: int = option(2, "Q-networks in the ensemble (min over them in targets)")
+    head: str = option("scalar", f"the critic's output: {' | '.join(HEADS)} (docs/agents.md: critic heads)")
+    num_atoms: int = option(101, "head=categorical: atoms of the support")
+    v_min: float | None = option(None, "head=categorical: the support's lowest atom (v_min and v_max not given: "
+                                       "-/+ r_max/(1-gamma), r_max = action_repeat for DMC, whose rewards lie in [0, 1])")
+    v_max: float | None = option(None, "head=categorical: the support's highest atom")
+    projection: str = option("two_hot", f"head=categorical: the target's projection onto the support: {' | '.join(PROJECTIONS)}")
+    sigma: float = option(0.75, "head=categorical, projection=hl_gauss: the Gaussian's std in bin widths")
+    num_quantiles: int = option(25, "head=quantile: quantiles per critic")
+    drop_top: int = option(0, "head=quantile: TQC's truncation: the top drop_top x num_critics atoms of the pooled "
+                              "target are dropped (0 = none)")
 
     def validate(self) -> None:
         super().validate()
-        at_least(self, 1, "num_critics")
+        at_least(self, 1, "num_critics", "num_quantiles")
+        check(self.head in HEADS, "head", f"'{self.head}' is not one of {', '.join(HEADS)}")
+        defaults = type(self)()
+        for head, keys in HEAD_OPTIONS.items():
+            changed = next((k for k in keys if getattr(self, k) != getattr(defaults, k)), None)
+            check(head == self.head or changed is None, changed or "head",
+                  f"is an option of head={head}; this critic's head is {self.head}")
+        check(self.num_atoms >= 2, "num_atoms", f"must be >= 2 (a support needs two atoms), got {self.num_atoms}")
+        check(self.v_min is None or self.v_max is None or self.v_min < self.v_max, "v_min",
+              f"must be < v_max ({self.v_max}), got {self.v_min}")
+        check((self.v_min is None) == (self.v_max is None), "v_min",
+              "give v_min and v_max together, or neither (derived from the env's reward range)")
+        check(self.projection in PROJECTIONS, "projection", f"'{self.projection}' is not one of {', '.join(PROJECTIONS)}")
+        check(self.sigma > 0, "sigma", f"must be > 0, got {self.sigma}")
+        check(0 <= self.drop_top < self.num_quantiles, "drop_top",
+              f"must lie in [0, num_quantiles) ({self.num_quantiles}): the pooled target keeps "
+              f"(num_quantiles - drop_top) x num_critics atoms, got {self.drop_top}")
 
 
 @dataclass
@@ -220,6 +248,7 @@ class TrainConfig(SACConfig):
     def validate(self) -> None:
         super().validate()
         self._resolve_tasks()
+        self._resolve_support()
         at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes", "log_every")
         at_least(self, 0, "random_steps", "eval_every", "video_every", "checkpoint_every", "threads")
         check(not self.video_every or (self.eval_every and self.video_every % self.eval_every == 0), "video_every",
@@ -256,6 +285,20 @@ class TrainConfig(SACConfig):
                 owners = [name for name, cls in AGENTS.items() if key in cls.sections]
                 raise ConfigError(f"{key}.{changed} is an option of agent{'s' * (len(owners) > 1)} {', '.join(owners)}; "
                                   f"this run's agent is {self.agent}")
+
+    def _resolve_support(self) -> None:
+        """A categorical head without ``v_min``/``v_max``: ``±R/(1 − γ)`` with ``R`` the largest reward
+        of an env step over the run's envs (:func:`~sac_spectral.envs.make.reward_bound` × ``action_repeat``)."""
+        c = self.critic
+        if c.head != "categorical" or c.v_min is not None:
+            return
+        envs = [t["env"] for t in self.tasks] or [self.env]
+        bounds = {env: reward_bound(env) for env in envs}
+        unknown = next((env for env, bound in bounds.items() if bound is None), None)
+        check(unknown is None, "critic.v_min", f"the reward range of {unknown} is unknown: give critic.v_min and "
+              "critic.v_max (derived only for DMC tasks, whose rewards lie in [0, 1])")
+        check(self.gamma < 1, "critic.v_min", "gamma = 1 bounds no return: give critic.v_min and critic.v_max")
+        c.v_min, c.v_max = support_bounds(self.action_repeat * max(bounds.values()), self.gamma)
 
     def _resolve_tasks(self) -> None:
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and
@@ -325,6 +368,8 @@ def run_tag(cfg: TrainConfig) -> str:
     archs = dict.fromkeys(arch for arch in (cfg.critic.arch, cfg.actor.arch) if arch != "mlp")
     if archs:
         tag += "+" + "+".join(archs)
+    if cfg.critic.head != "scalar":
+        tag += f"+{cfg.critic.head}"
     if cfg.priming.updates:
         tag += "+primed"
     return f"{tag}+resets" if cfg.resets.every or cfg.resets.at else tag
