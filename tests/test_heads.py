@@ -48,8 +48,8 @@ def _config(head: dict) -> TrainConfig:
 
 def _params(net, member, heads):
     layers = list(net.layers) + [net.heads[h] for h in heads]
-    return [(l.weight[member].detach().clone().requires_grad_(), l.bias[member].detach().clone().requires_grad_())
-            for l in layers]
+    return [(m.weight[member].detach().clone().requires_grad_(), m.bias[member].detach().clone().requires_grad_())
+            for m in layers]
 
 
 def _two_hot(y, p, z):
@@ -127,7 +127,9 @@ class Reference:
         with torch.no_grad():
             a2, logp2 = self.pi(s2, eps2)
             outs = [self.out(t, s2, a2) for t in self.targets]
-            shift = lambda atoms: r[:, None] + self.cfg.gamma * (1 - d[:, None]) * (atoms - alpha * logp2[:, None])  # noqa: E731
+            def shift(atoms):
+                return r[:, None] + self.cfg.gamma * (1 - d[:, None]) * (atoms - alpha * logp2[:, None])
+
             if self.z is not None:  # the distribution of the critic of smaller expectation
                 p1, p2 = outs[0].softmax(-1), outs[1].softmax(-1)
                 p = torch.where(((p1 * self.z).sum(-1) <= (p2 * self.z).sum(-1))[:, None], p1, p2)
@@ -149,8 +151,8 @@ class Reference:
         loss.backward()
         self.critic_opt.step()
         with torch.no_grad():
-            for online, target in zip(self.critics, self.targets):
-                for (w, b), (tw, tb) in zip(online, target):
+            for online, target in zip(self.critics, self.targets, strict=True):
+                for (w, b), (tw, tb) in zip(online, target, strict=True):
                     tw.lerp_(w, self.cfg.tau)
                     tb.lerp_(b, self.cfg.tau)
         act, logp = self.pi(s, eps[1])
@@ -181,7 +183,8 @@ def test_update_equals_the_papers_equations_after_three_updates(head):
     pairs = [(_params(agent.actor, 0, (0, 1)), ref.actor)]
     pairs += [(_params(agent.critic, j, (0,)), ref.critics[j]) for j in range(C)]
     pairs += [(_params(agent.target_critic, j, (0,)), ref.targets[j]) for j in range(C)]
-    worst = max((o - t).abs().max().item() for ours, theirs in pairs for ow, tw in zip(ours, theirs) for o, t in zip(ow, tw))
+    layers = [(ow, tw) for ours, theirs in pairs for ow, tw in zip(ours, theirs, strict=True)]
+    worst = max((o - t).abs().max().item() for ow, tw in layers for o, t in zip(ow, tw, strict=True))
     worst = max(worst, abs(agent.log_alpha.item() - ref.log_alpha.item()))
     print(f"{head}: largest difference from the reference: {worst:.2e}")
     assert worst < 1e-6, worst
@@ -217,7 +220,7 @@ def test_the_categorical_support_is_derived_from_dmcs_reward_range():
     ({"critic": {"head": "categorical", "v_min": 2, "v_max": 2}}, r"^critic\.v_min: must be < v_max"),
     ({"critic": {"head": "categorical", "v_min": -2}}, r"^critic\.v_min: give v_min and v_max together"),
     ({"critic": {"head": "quantile", "num_quantiles": 4, "drop_top": 4}}, r"^critic\.drop_top: must lie in \[0, num_q"),
-    ({"critic": {"num_atoms": 51}}, r"^critic\.num_atoms: is an option of head=categorical; this critic's head is scal"),
+    ({"critic": {"num_atoms": 51}}, r"^critic\.num_atoms: is an option of head=categorical; this critic's head is "),
     ({"critic": {"head": "quantile", "projection": "hl_gauss"}}, r"^critic\.projection: is an option of head=categ"),
     ({"critic": {"head": "categorical", "drop_top": 1}}, r"^critic\.drop_top: is an option of head=quantile"),
     ({"critic": {"head": "gaussian"}}, r"^critic\.head: 'gaussian' is not one of scalar, categorical, quantile"),
@@ -233,8 +236,8 @@ def test_bad_head_options_are_refused_in_one_line(options, message):
 def test_run_names_carry_the_head():
     assert run_tag(from_dict(TrainConfig, {"critic": {"head": "quantile", "regularizers": []}, "actor": {
         "regularizers": []}})) == "sac+quantile"
-    assert run_tag(from_dict(TrainConfig, {"agent": "td3", "critic": {"head": "categorical", "arch": "bronet",
-                                                                       "hidden": [8, 8]}})) == "td3+spectral+bronet+categorical"
+    bronet = {"head": "categorical", "arch": "bronet", "hidden": [8, 8]}
+    assert run_tag(from_dict(TrainConfig, {"agent": "td3", "critic": bronet})) == "td3+spectral+bronet+categorical"
 
 
 @pytest.mark.parametrize("head", ["categorical", "quantile"])
@@ -291,7 +294,8 @@ def _tensors(state, path=""):
 def test_every_actor_critic_agent_takes_every_head():
     for name in ("sac", "td3", "redq", "crossq", "droq"):
         for head in HEADS.values():
-            cfg = from_dict(TrainConfig, {"agent": name, "critic": {"hidden": [8, 8], **head}, "actor": {"hidden": [8]}})
+            cfg = from_dict(TrainConfig, {"agent": name, "critic": {"hidden": [8, 8], **head},
+                                          "actor": {"hidden": [8]}})
             agent = AGENTS[name](OBS, ACT, cfg, SeedStreams([0]))
             out = agent.critic_outputs(agent.critic, torch.randn(1, 4, OBS), torch.rand(1, 4, ACT))
             assert out.shape[-1] == agent.head.width and agent.q_values(agent.critic, torch.randn(1, 4, OBS),

@@ -93,9 +93,11 @@ class CriticConfig(NetConfig):
     head: str = option("scalar", f"the critic's output: {' | '.join(HEADS)} (docs/agents.md: critic heads)")
     num_atoms: int = option(101, "head=categorical: atoms of the support")
     v_min: float | None = option(None, "head=categorical: the support's lowest atom (v_min and v_max not given: "
-                                       "-/+ r_max/(1-gamma), r_max = action_repeat for DMC, whose rewards lie in [0, 1])")
+                                       "-/+ r_max/(1-gamma), r_max = action_repeat for DMC, whose rewards lie in "
+                                       "[0, 1])")
     v_max: float | None = option(None, "head=categorical: the support's highest atom")
-    projection: str = option("two_hot", f"head=categorical: the target's projection onto the support: {' | '.join(PROJECTIONS)}")
+    projection: str = option("two_hot", "head=categorical: the target's projection onto the support: "
+                                        f"{' | '.join(PROJECTIONS)}")
     sigma: float = option(0.75, "head=categorical, projection=hl_gauss: the Gaussian's std in bin widths")
     num_quantiles: int = option(25, "head=quantile: quantiles per critic")
     drop_top: int = option(0, "head=quantile: TQC's truncation: the top drop_top x num_critics atoms of the pooled "
@@ -115,7 +117,8 @@ class CriticConfig(NetConfig):
               f"must be < v_max ({self.v_max}), got {self.v_min}")
         check((self.v_min is None) == (self.v_max is None), "v_min",
               "give v_min and v_max together, or neither (derived from the env's reward range)")
-        check(self.projection in PROJECTIONS, "projection", f"'{self.projection}' is not one of {', '.join(PROJECTIONS)}")
+        check(self.projection in PROJECTIONS, "projection",
+              f"'{self.projection}' is not one of {', '.join(PROJECTIONS)}")
         check(self.sigma > 0, "sigma", f"must be > 0, got {self.sigma}")
         check(0 <= self.drop_top < self.num_quantiles, "drop_top",
               f"must lie in [0, num_quantiles) ({self.num_quantiles}): the pooled target keeps "

@@ -173,7 +173,8 @@ class DroQ(ActorCritic):
         (masks ``dropout_actor``), ``ã`` by ``noise["action"]``, and ``log π``."""
         obs = batch["obs"]
         action, logp = self.policy(obs, noise["action"])
-        q_pi = self.head.expectation(self.dropout_q(self.critic, obs, action, noise["dropout_actor"], detach=True)).mean(dim=1)
+        out = self.dropout_q(self.critic, obs, action, noise["dropout_actor"], detach=True)
+        q_pi = self.head.expectation(out).mean(dim=1)
         return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 
     # ----------------------------------------------------------------------------- the update

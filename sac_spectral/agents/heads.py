@@ -34,7 +34,7 @@ from torch import Tensor
 
 HEADS = ("scalar", "categorical", "quantile")
 PROJECTIONS = ("two_hot", "hl_gauss")
-#: each head's own options of ``critic``, with their defaults
+#: each head's own options of ``critic`` (given with another head, they are refused)
 HEAD_OPTIONS: dict[str, tuple[str, ...]] = {
     "scalar": (), "categorical": ("num_atoms", "v_min", "v_max", "projection", "sigma"),
     "quantile": ("num_quantiles", "drop_top"),

@@ -101,8 +101,8 @@ class SAC(ActorCritic):
 
     @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Tensor) -> Tensor:
-        """Soft TD target ``r + γ(1 − terminated)(min_j Q̄_j(s′, a′) − α log π(a′|s′))`` ``[N, B]`` (or the
-        critic head's target, :func:`head_target`), ``a′`` by ``noise [N, B, A]``."""
+        """Soft TD target ``r + γ(1 − terminated)(min_j Q̄_j(s′, a′) − α log π(a′|s′))`` ``[N, B]``
+        (or the critic head's target, :func:`head_target`), ``a′`` by ``noise [N, B, A]``."""
         next_action, next_logp = self.policy(batch["next_obs"], noise)
         next_out = self.critic_outputs(self.target_critic, batch["next_obs"], next_action)
         return head_target(self.head, batch, next_out, self.cfg.gamma, self.log_alpha.exp().unsqueeze(-1) * next_logp)
