@@ -5,8 +5,8 @@
 
 The parameters of plain SAC with cheetah-run shapes (an actor and two critics, 2×256, N seeds as
 members): ours is :func:`sac_spectral.core.optim.adam_step_` (torch's fused kernel as an operator)
-on them, through the operator's C++ CPU kernel as a compiled program calls it; optax's is ``optax.adam`` with ``apply_updates``
-in one jitted function whose state buffers are donated. Prints the median ms per step of each and
+on them, through the operator's C++ CPU kernel as a compiled program calls it; optax's is ``optax.adam`` with
+``apply_updates`` in one jitted function whose state buffers are donated. Prints the median ms per step of each and
 ours / optax, with the CPU flags and the load average.
 """
 
@@ -29,8 +29,10 @@ OBS, ACT, WIDTH = 17, 6, 256
 
 def shapes(n: int) -> list[tuple[int, ...]]:
     """The actor's (mean and log-std heads) and the two critics' parameters of ``n`` seeds."""
-    actor = [(n, WIDTH, OBS), (n, WIDTH), (n, WIDTH, WIDTH), (n, WIDTH), (n, ACT, WIDTH), (n, ACT), (n, ACT, WIDTH), (n, ACT)]
-    critic = [(2 * n, WIDTH, OBS + ACT), (2 * n, WIDTH), (2 * n, WIDTH, WIDTH), (2 * n, WIDTH), (2 * n, 1, WIDTH), (2 * n, 1)]
+    actor = [(n, WIDTH, OBS), (n, WIDTH), (n, WIDTH, WIDTH), (n, WIDTH), (n, ACT, WIDTH), (n, ACT), (n, ACT, WIDTH),
+             (n, ACT)]
+    critic = [(2 * n, WIDTH, OBS + ACT), (2 * n, WIDTH), (2 * n, WIDTH, WIDTH), (2 * n, WIDTH), (2 * n, 1, WIDTH),
+              (2 * n, 1)]
     return actor + critic
 
 
@@ -65,7 +67,7 @@ def main() -> None:
         state = ([torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params],
                  [torch.zeros(()) for _ in params])
 
-        def ours() -> None:
+        def ours(params: list = params, grads: list = grads, state: tuple = state) -> None:
             adam_step_(params, grads, *state, 3e-4, (0.9, 0.999), 1e-8, 0.0, False)
 
         tx = optax.adam(3e-4)
@@ -73,13 +75,13 @@ def main() -> None:
         jgrads = [jnp.asarray(p.numpy()) for p in grads]
         carry = [jparams, tx.init(jparams)]
 
-        def update(p: list, opt_state: object, gr: list) -> tuple:
+        def update(p: list, opt_state: object, gr: list, tx: optax.GradientTransformation = tx) -> tuple:
             updates, opt_state = tx.update(gr, opt_state, p)
             return optax.apply_updates(p, updates), opt_state
 
         donated = jax.jit(update, donate_argnums=(0, 1))
 
-        def theirs() -> None:
+        def theirs(carry: list = carry, donated: object = donated, jgrads: list = jgrads) -> None:
             carry[:] = donated(carry[0], carry[1], jgrads)
             jax.block_until_ready(carry[0])
 
@@ -92,7 +94,8 @@ def main() -> None:
         ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         ratio = statistics.median(a / b for a, b in zip(times["ours"], times["optax"]))
         count = sum(p.numel() for p in params)
-        print(f"{n} seed(s), {count} parameters: ours {ms['ours']:.3f} ms  optax {ms['optax']:.3f} ms  ours/optax {ratio:.2f}")
+        print(f"{n} seed(s), {count} parameters: ours {ms['ours']:.3f} ms  optax {ms['optax']:.3f} ms  ours/optax "
+              f"{ratio:.2f}")
 
 
 if __name__ == "__main__":

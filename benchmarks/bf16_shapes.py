@@ -24,7 +24,8 @@ from benchmarks.common import interleaved_medians, per_call_us
 SHAPES = ((17, 256), (23, 256), (256, 256), (256, 6), (256, 12), (256, 1))
 
 
-def products(members: int, fan_in: int, fan_out: int, batch: int, dtype: torch.dtype) -> dict[str, Callable[[], object]]:
+def products(members: int, fan_in: int, fan_out: int, batch: int,
+             dtype: torch.dtype) -> dict[str, Callable[[], object]]:
     """The layer's four products (forward with and without bias, weight and input gradients)."""
     g = torch.Generator().manual_seed(0)
 
@@ -49,7 +50,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"threads={args.threads} batch={args.batch}; µs per call fp32 / bf16 (ratio fp32/bf16), medians of {args.repeats}")
+    print(f"threads={args.threads} batch={args.batch}; µs per call fp32 / bf16 (ratio fp32/bf16), medians of "
+          f"{args.repeats}")
     names = list(products(1, 1, 1, 1, torch.float32))
     print(f"{'M':>3s} {'in':>4s} {'out':>4s}  " + "  ".join(f"{n:>24s}" for n in names))
     for members in args.members:

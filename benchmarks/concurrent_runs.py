@@ -103,8 +103,10 @@ def main() -> None:
     p.add_argument("--keep-env", action="store_true", help="pass OMP_*/GOMP_*/MKL_* variables on to the runs")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="train overrides for every run, e.g. threads=1")
     args = p.parse_args()
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; cores: {len(os.sched_getaffinity(0))}")
-    print(f"runs: cheetah-run, {args.random_steps} random steps + {args.updates} updates, overrides: {args.overrides or 'none'}")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"cores: {len(os.sched_getaffinity(0))}")
+    print(f"runs: cheetah-run, {args.random_steps} random steps + {args.updates} updates, overrides: "
+          f"{args.overrides or 'none'}")
     rounds: dict[str, list[list[tuple[float, str]]]] = {"alone": [], "together": []}
     if args.before:
         rounds["alone, before"] = []
@@ -117,7 +119,8 @@ def main() -> None:
                 count = args.together if name.startswith("together") else 1
                 rounds[name].append(launch(count, args, root, f"{name.replace(', ', '_')}{r}", "before" in name))
             print(f"  round {r} (updates/s, threads): "
-                  + "; ".join(f"{k} " + ", ".join(f"{x:.1f} ({n})" for x, n in v[-1]) for k, v in rounds.items()), flush=True)
+                  + "; ".join(f"{k} " + ", ".join(f"{x:.1f} ({n})" for x, n in v[-1]) for k, v in rounds.items()),
+                  flush=True)
     med = {k: [statistics.median(rnd[i][0] for rnd in v) for i in range(len(v[0]))] for k, v in rounds.items()}
     base = med["alone"][0]
     print(f"alone: {base:.1f} updates/s (median of {args.repeats})")
@@ -126,9 +129,11 @@ def main() -> None:
     print(f"aggregate together / alone: {sum(med['together']) / base:.2f}")
     if "alone, before" in med:
         old = med["alone, before"][0]
-        print(f"alone as before (all cores, GOMP_SPINCOUNT=300000): {old:.1f} updates/s; now / before: {base / old:.3f}")
+        print(f"alone as before (all cores, GOMP_SPINCOUNT=300000): {old:.1f} updates/s; "
+              f"now / before: {base / old:.3f}")
     if "together, before" in med:
-        print("together as before: " + ", ".join(f"{x:.1f} updates/s = {x / base:.2f} of alone" for x in med["together, before"]))
+        print("together as before: "
+              + ", ".join(f"{x:.1f} updates/s = {x / base:.2f} of alone" for x in med["together, before"]))
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

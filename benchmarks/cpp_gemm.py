@@ -69,7 +69,8 @@ def _patch_bmm_template() -> None:
     def _bmm_options(self: CppBmmTemplate, *args: Any, **kwargs: Any) -> dict[str, Any]:
         options = shipped_options(self, *args, **kwargs)
         member = self.b_index
-        options["reindexers"] = [r if r is not None else (lambda index: [member, *index]) for r in options["reindexers"]]
+        options["reindexers"] = [r if r is not None else (lambda index: [member, *index])
+                                 for r in options["reindexers"]]
         return options
 
     CppBmmTemplate.get_options = _bmm_options
@@ -92,7 +93,8 @@ def layers() -> None:
             compiled = torch.compile(layer, dynamic=False, options=options)
             compiled(x, w, b)
             BMM["on"] = False
-            row.append(median_per_call_us(lambda: compiled(x, w, b), 200, 7, warmup=20))
+            row.append(median_per_call_us(lambda compiled=compiled, x=x, w=w, b=b: compiled(x, w, b), 200, 7,
+                                          warmup=20))
         print(f"{members:>7}" + "".join(f"{t:>30.1f}" for t in row), flush=True)
 
 
@@ -112,7 +114,8 @@ def main() -> None:
     nets.BatchedLinear.forward = _forward_mm
     agents = {}
     for name, mm, bmm, products, options in (("today", False, False, "onednn", {}), ("mm", True, False, "onednn", {}),
-                                             ("mm+cpp", True, False, "onednn", CPP), ("bmm+cpp", False, True, "aten", CPP)):
+                                             ("mm+cpp", True, False, "onednn", CPP),
+                                             ("bmm+cpp", False, True, "aten", CPP)):
         agent, buf = build(sac_config(spectral=args.spectral, compile=True, compile_products=products), args.seeds)
         shipped = agent.backend._compile.keywords["options"]
         agent.backend._compile = functools.partial(torch.compile, dynamic=False, options={**shipped, **options})
@@ -123,7 +126,8 @@ def main() -> None:
         agents[name] = agent
     MM["on"] = BMM["on"] = False
     reference = agents["today"].state_dict()
-    diff = max((p - reference[k]).abs().max().item() for k, p in agents["bmm+cpp"].state_dict().items() if p.is_floating_point())
+    diff = max((p - reference[k]).abs().max().item() for k,
+               p in agents["bmm+cpp"].state_dict().items() if p.is_floating_point())
     print(f"bmm+cpp against today after 3 updates: largest parameter difference {diff:.1e}")
     times: dict[str, list[float]] = {n: [] for n in agents}
     for r in range(args.rounds):

@@ -33,9 +33,9 @@ import torch
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
 from sac_spectral.agents.probes import (
     DiagnosticsConfig,
+    agent_diagnostics,
     network_loss,
     probe_batch,
-    agent_diagnostics,
 )
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import effective_rank, gradient_grams
@@ -103,9 +103,11 @@ def main() -> None:
     upd, fast, diag = (statistics.median(t) * 1e3 for t in (t_upd, t_fast, t_diag))
     share = diag / (dcfg.every * upd + diag)
     params = sum(p.numel() for p in agent.critic.parameters() if p.requires_grad)
-    print(f"threads={args.threads} {args.arch} {args.depth}x{args.hidden} twin critics ({params / 1e6:.2f} M parameters), "
+    print(f"threads={args.threads} {args.arch} {args.depth}x{args.hidden} twin critics ({params / 1e6:.2f} M "
+          "parameters), "
           f"{args.examples} examples, fp32 "
-          f"(erank per critic {[round(e, 1) for e in erank_fast.tolist()]}); medians of {args.repeats} interleaved repeats")
+          f"(erank per critic {[round(e, 1) for e in erank_fast.tolist()]}); medians of {args.repeats} interleaved "
+          "repeats")
     print(f"  SAC update (batch 256):                    {upd:8.2f} ms")
     print(f"  critic gradient erank, factored (auto):    {fast:8.2f} ms  = {fast / upd:6.2f} updates")
     if t_func:
@@ -115,7 +117,8 @@ def main() -> None:
     gib = args.examples * params * (4 + 8) / 2**30
     print(f"  torch.func's per-example critic gradients and their float64 copy: {gib:.1f} GiB"
           f"{' (skipped)' if args.skip_func else ''}")
-    print(f"  peak RSS of this process:                  {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:8.2f} GiB")
+    print("  peak RSS of this process:                  "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:8.2f} GiB")
     print(f"  full diagnostics call (defaults):          {diag:8.2f} ms  = {diag / upd:6.2f} updates")
     print(f"  share of training time at diagnostics.every={dcfg.every}: {100 * share:.2f} %")
 

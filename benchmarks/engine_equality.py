@@ -20,8 +20,8 @@ import time
 import torch
 
 from sac_spectral.agents import AGENTS
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.steps import Draws, draw_shapes
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 
 INTERVENTIONS = {
@@ -49,7 +49,8 @@ def batches(count: int, draws: Draws, seeds: int, batch: int, device: str):
     """``count`` batches and the named noise of an agent that draws ``draws``."""
     g = torch.Generator().manual_seed(0)
     for _ in range(count):
-        data = {"obs": torch.randn(seeds, batch, 5, generator=g), "action": torch.rand(seeds, batch, 2, generator=g) * 2 - 1,
+        data = {"obs": torch.randn(seeds, batch, 5, generator=g),
+                "action": torch.rand(seeds, batch, 2, generator=g) * 2 - 1,
                 "reward": torch.randn(seeds, batch, generator=g), "next_obs": torch.randn(seeds, batch, 5, generator=g),
                 "terminated": torch.zeros(seeds, batch)}
         noise = {name: torch.randn(seeds, *shape, generator=g) for name, shape in draw_shapes(draws, batch).items()}
@@ -93,7 +94,8 @@ def main() -> None:
     parser.add_argument("--interventions", default=",".join(INTERVENTIONS))
     parser.add_argument("--time", type=int, default=0, help="also time updates of H-H networks (0: no timing)")
     args = parser.parse_args()
-    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine()
+    name = (torch.cuda.get_device_name() if args.device.startswith("cuda")
+            else platform.processor() or platform.machine())
     print(f"device: {args.device} ({name}), torch {torch.__version__}")
     for dtype in args.dtypes.split(","):
         for agent in args.agents.split(","):
@@ -104,7 +106,8 @@ def main() -> None:
         for seeds in (1, 10):
             eager = per_update_ms(args.device, args.time, False, seeds)
             comp = per_update_ms(args.device, args.time, True, seeds)
-            print(f"sac {args.time}-{args.time}, {seeds} seeds: eager {eager:.2f} ms, compiled {comp:.2f} ms per update "
+            print(f"sac {args.time}-{args.time}, {seeds} seeds: eager {eager:.2f} ms, compiled {comp:.2f} ms per "
+                  "update "
                   f"({eager / comp:.2f}x)", flush=True)
 
 

@@ -84,7 +84,8 @@ def main() -> None:
             ms = {s: statistics.median(r["ms"] for r in v) for s, v in runs.items()}
             faults = {s: statistics.median(r["faults"] for r in v) for s, v in runs.items()}
             cells = [f"{ms[s]:7.2f} ms {faults[s]:6.0f} flt" for s in SETTINGS]
-            print(f"{seeds:>5} {mode:<9}{cells[0]:>22}{cells[1]:>22}{ms['glibc default'] / ms['configured']:>22.2f}", flush=True)
+            print(f"{seeds:>5} {mode:<9}{cells[0]:>22}{cells[1]:>22}{ms['glibc default'] / ms['configured']:>22.2f}",
+                  flush=True)
     print(f"load average {load:.2f} → {os.getloadavg()[0]:.2f}")
 
 

@@ -102,7 +102,8 @@ class JaxSAC:
 
     def __init__(self, h: Hyper) -> None:
         self.h = h
-        self.opts = {"critic": optax.adam(h.critic_lr), "actor": optax.adam(h.actor_lr), "alpha": optax.adam(h.alpha_lr)}
+        self.opts = {"critic": optax.adam(h.critic_lr), "actor": optax.adam(h.actor_lr),
+                     "alpha": optax.adam(h.alpha_lr)}
         self.train_batch = jax.jit(jax.vmap(self.update, in_axes=(0, 0, 1)), donate_argnums=0)
         self.step = jax.jit(jax.vmap(self._sample_update), donate_argnums=0)
         self.scan = jax.jit(jax.vmap(self._scan, in_axes=(0, 0, 0, None)), static_argnums=3, donate_argnums=0)

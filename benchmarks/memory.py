@@ -17,12 +17,12 @@ import tempfile
 
 import torch
 
-from sac_spectral.agents import SAC, ReplayBuffer
 from benchmarks.common import ACT, OBS, sac_config
+from sac_spectral.agents import SAC, ReplayBuffer
+from sac_spectral.apps.rl.train import TrainConfig, Trainer
 from sac_spectral.core.config import merge_sources
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.runs.run import GracefulStop, Run
-from sac_spectral.apps.rl.train import TrainConfig, Trainer
 
 
 def rss_mib() -> float:

@@ -48,11 +48,12 @@ def main() -> None:
             torch.testing.assert_close(torch.ops.sac_spectral.member_bmm(a, b), torch.bmm(a, b), rtol=1e-4, atol=1e-3)
             times: dict[str, list[float]] = {"mkl": [], "onednn": []}
             for _ in range(args.rounds):
-                times["mkl"].append(per_call_us(lambda: torch.bmm(a, b), calls))
-                times["onednn"].append(per_call_us(lambda: torch.ops.sac_spectral.member_bmm(a, b), calls))
+                times["mkl"].append(per_call_us(lambda a=a, b=b: torch.bmm(a, b), calls))
+                times["onednn"].append(per_call_us(lambda a=a, b=b: torch.ops.sac_spectral.member_bmm(a, b), calls))
             flops = 2 * m * BATCH * WIDTH * WIDTH
             rate = {k: flops / statistics.median(v) / 1e3 for k, v in times.items()}
-            print(f"{m:>7} {name:>14} {rate['mkl']:>12.0f} {rate['onednn']:>15.0f} {rate['onednn'] / rate['mkl']:>13.2f}")
+            print(f"{m:>7} {name:>14} {rate['mkl']:>12.0f} {rate['onednn']:>15.0f} "
+                  f"{rate['onednn'] / rate['mkl']:>13.2f}")
     a, b = torch.ones(1, 1, 1), torch.ones(1, 1, 1)
     per_call = {name: median_per_call_us(fn, 2000, args.rounds, warmup=0) for name, fn in (
         ("torch.bmm", lambda: torch.bmm(a, b)), ("member_bmm", lambda: torch.ops.sac_spectral.member_bmm(a, b)))}

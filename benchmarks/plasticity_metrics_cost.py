@@ -20,8 +20,8 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.common import build, interleaved_medians, time_updates
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.probes import hidden_features, probe_batch
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.diagnostics import (
     ParamSnapshot,
     UpdateProbe,
@@ -89,7 +89,8 @@ def main() -> None:
         "weights/magnitude": ("log", both(lambda k: weight_magnitude(nets[k]))),
         "weights/distance_from_init": ("log", both(lambda k: inits[k].distance(nets[k]))),
         "grads/norm": ("log", both(lambda k: grad_norm(nets[k]))),
-        "weights/effective_lr (copy before + ratio)": ("log", both(lambda k: effective_lr(ParamSnapshot(nets[k]), nets[k]))),
+        "weights/effective_lr (copy before + ratio)": ("log",
+                                                       both(lambda k: effective_lr(ParamSnapshot(nets[k]), nets[k]))),
         "churn (outputs before + after)": ("log", both(lambda k: churn(forwards[k], ref[k], reference_outputs(
             forwards[k], ref[k], nets[k].members), members=nets[k].members))),
         "UpdateProbe before + after (the three above)": ("log", probe_cycle),
@@ -103,7 +104,8 @@ def main() -> None:
     print(f"threads={args.threads} default SAC (2x256, batch {cfg.batch_size}, twin critics, fp32), "
           f"probe/reference batch {args.probe}; medians of {args.repeats} interleaved repeats")
     print(f"  one SAC update: {upd * 1e6:9.0f} us")
-    print(f"  {'metric (actor + critic)':48s} {'us/call':>9s} {'% update':>9s} {'% of run at 1/' + str(EVERY):>16s}  schedule")
+    print(f"  {'metric (actor + critic)':48s} {'us/call':>9s} {'% update':>9s} {'% of run at 1/' + str(EVERY):>16s}  "
+          "schedule")
     for name, (where, _) in metrics.items():
         c = t[name]
         share = c / (EVERY * upd + c)

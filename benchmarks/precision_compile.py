@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from sac_spectral.agents import SAC
 from benchmarks.common import build, interleaved_medians, sac_config, time_updates
+from sac_spectral.agents import SAC
 
 VARIANTS = {
     "fp32": {},
@@ -60,7 +60,8 @@ def main() -> None:
     base = t.get("fp32", next(iter(t.values())))
     print(f"device={args.device} threads={args.threads} batch={args.batch} 2x256, {args.updates} updates per call")
     for name, sec in t.items():
-        print(f"  {name:<14} {sec * 1e3:8.3f} ms/update   speed-up vs fp32 {base / sec:5.2f}x   warm-up {warmup[name]:6.1f} s")
+        print(f"  {name:<14} {sec * 1e3:8.3f} ms/update   speed-up vs fp32 {base / sec:5.2f}x   warm-up "
+              f"{warmup[name]:6.1f} s")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ with the method over the plain agent's, measured in one process so both sides se
 ``nap`` needs a normalization layer before every nonlinearity and is timed against the plain
 agent with ``layer_norm: true``; ``plasticity_injection`` injects at the first warm-up update, so
 its row is the cost of the injected network (three heads) per update. Interventions that act
-every ``every`` updates (``redo``, ``reset``, ``shrink_perturb``) also get the cost of one firing on both networks in units of a plain update; their amortized ratio at
-interval N is ``ratio + firing/N``. ``added ms`` is the median of the paired differences per update
-(a ratio also moves when the plain update gets faster). Target: ``spectral`` (max mode) ≤ 1.05.
-``--compile`` times both sides with ``compile: true`` (the penalties' gradients formed inside the
+every ``every`` updates (``redo``, ``reset``, ``shrink_perturb``) also get the cost of one firing on both networks in
+units of a plain update; their amortized ratio at interval N is ``ratio + firing/N``. ``added ms`` is the median of the
+paired differences per update (a ratio also moves when the plain update gets faster). Target: ``spectral`` (max mode)
+≤ 1.05. ``--compile`` times both sides with ``compile: true`` (the penalties' gradients formed inside the
 compiled program; the probe rows are eager-only and skipped); compile time is not counted.
 
 Two probe rows split that cost: ``spectral (max), forward only`` computes the penalty (power step
@@ -35,8 +35,8 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sac_spectral.agents import SAC, SACConfig  # noqa: E402
 from benchmarks.update_speed import build, time_updates  # noqa: E402
+from sac_spectral.agents import SAC, SACConfig  # noqa: E402
 from sac_spectral.regularizers import Regularizer  # noqa: E402
 
 #: name → (regularizer entry, optimizer options); interventions fire only when timed separately
@@ -153,7 +153,8 @@ def main() -> None:
         if args.only and label not in args.only:
             continue
         entry, opt = METHODS.get(label, (None, {}))
-        agent = probe_agent(args.hidden, label) if label in PROBES else build(config(args.hidden, entry, opt, args.compile))[0]
+        agent = probe_agent(args.hidden,
+                            label) if label in PROBES else build(config(args.hidden, entry, opt, args.compile))[0]
         time_updates(agent, buf, args.batch, 8)
         baseline = plain
         if label in BASELINES:

@@ -30,8 +30,8 @@ from typing import Any  # noqa: E402
 
 import sac_spectral  # noqa: E402,F401  (before torch: OpenMP settings, as the CLI)
 from sac_spectral.agents import SAC  # noqa: E402
-from sac_spectral.envs import EnvPool  # noqa: E402
 from sac_spectral.apps.rl import train  # noqa: E402
+from sac_spectral.envs import EnvPool  # noqa: E402
 from sac_spectral.runs.run import Run  # noqa: E402
 
 _IMPORTS = time.perf_counter() - _T0

@@ -28,11 +28,13 @@ def main() -> None:
     p.add_argument("--compile", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    setups = {n: build(sac_config(precision=args.precision, compile=args.compile), seeds=n, device=args.device) for n in args.seeds}
+    setups = {n: build(sac_config(precision=args.precision, compile=args.compile), seeds=n,
+                       device=args.device) for n in args.seeds}
     for agent, buf in setups.values():
         time_updates(agent, buf, args.batch, args.updates, calls=2)
     t = interleaved_medians(
-        {n: (lambda a=a, b=b: time_updates(a, b, args.batch, args.updates)) for n, (a, b) in setups.items()}, args.repeats
+        {n: (lambda a=a, b=b: time_updates(a, b, args.batch, args.updates)) for n,
+         (a, b) in setups.items()}, args.repeats
     )
     first = args.seeds[0]
     base = first / t[first]

@@ -26,9 +26,9 @@ import sac_spectral  # noqa: F401  (before torch: OpenMP settings)
 from benchmarks.common import median_per_call_us
 from sac_spectral.agents import SAC, ReplayBuffer
 from sac_spectral.agents.networks import actor_mean_log_std, tanh_gaussian
-from sac_spectral.envs import EnvPool
-from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.apps.rl.train import TrainConfig
+from sac_spectral.core.seeding import SeedStreams
+from sac_spectral.envs import EnvPool
 
 
 def cost(fn: Callable[[], object], repeats: int, n: int = 2000) -> float:
@@ -70,7 +70,8 @@ def main() -> None:
         "act:   obs → tensor (torch.as_tensor)": lambda: torch.as_tensor(obs_np),
         "buffer: 5 × torch.as_tensor + add (as the runner does)": as_runner,
         "buffer: add(NumPy arrays)": lambda: buf.add(*fields),
-        "warm-up action (SeedStreams.rand → NumPy)": lambda: (streams.rand("act", (pool.act_dim,)) * 2.0 - 1.0).cpu().numpy(),
+        "warm-up action (SeedStreams.rand → NumPy)":
+            lambda: (streams.rand("act", (pool.act_dim,)) * 2.0 - 1.0).cpu().numpy(),
         "progress bar: set_postfix + update": lambda: (bar.set_postfix(postfix, refresh=False), bar.update(1)),
         "np.isfinite(actions).all()": lambda: np.isfinite(actions).all(),
     }

@@ -17,7 +17,6 @@ import time
 import torch
 from torch import nn
 
-from sac_spectral.agents import SAC
 from benchmarks.common import (
     ACT,
     OBS,
@@ -26,6 +25,7 @@ from benchmarks.common import (
     sac_config,
     time_updates,
 )
+from sac_spectral.agents import SAC
 from sac_spectral.core.nets import BatchedMLP
 
 
@@ -50,15 +50,18 @@ def roofline_rate(hidden: int, batch: int, iters: int = 20) -> float:
     """FLOP/s of forward+backward through plain nn.Linear MLPs with the agent's layer shapes."""
     critic_in, actor_in = OBS + ACT, OBS
     nets = [
-        nn.Sequential(nn.Linear(critic_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)),
-        nn.Sequential(nn.Linear(actor_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2 * ACT)),
+        nn.Sequential(nn.Linear(critic_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                      nn.Linear(hidden, 1)),
+        nn.Sequential(nn.Linear(actor_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                      nn.Linear(hidden, 2 * ACT)),
     ]
     xs = [torch.randn(batch, critic_in), torch.randn(batch, actor_in)]
     flops = 0
     for net in nets:
         for m in net:
             if isinstance(m, nn.Linear):
-                flops += 3 * 2 * batch * m.in_features * m.out_features - (2 * batch * m.in_features * m.out_features if m is net[0] else 0)
+                flops += (3 * 2 * batch * m.in_features * m.out_features
+                          - (2 * batch * m.in_features * m.out_features if m is net[0] else 0))
     for _ in range(3):
         for net, x in zip(nets, xs):
             net(x).sum().backward()

@@ -51,7 +51,8 @@ def main() -> None:
     print(f"  {'no video:':28s}{plain:7.2f}")
     for size, shadows in (((120, 160), False), ((240, 320), False), ((240, 320), True)):
         out: dict = {}
-        t = best(lambda r: out.update(zip(("ret", "frames", "fps"), rollout(act, env, r, size, shadows=shadows)))) * per_1000
+        t = best(lambda r, out=out, size=size, shadows=shadows: out.update(
+            zip(("ret", "frames", "fps"), rollout(act, env, r, size, shadows=shadows)))) * per_1000
         frames, fps = out["frames"], out["fps"]
         what = f"rendered {size[1]}x{size[0]}{' +shadows' if shadows else ''}:"
         print(f"  {what:28s}{t:7.2f}  ({len(frames)} frames at {fps:g} fps; +{t - plain:.2f} s)")
@@ -60,7 +61,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             for suffix in (".gif", ".mp4"):
                 path = Path(d) / f"v{suffix}"
-                enc = best(lambda r: write_video(path, frames, fps)) * per_1000
+                enc = best(lambda r, path=path, frames=frames, fps=fps: write_video(path, frames, fps)) * per_1000
                 print(f"    + write {suffix}:{'':15s}{enc:7.2f}  ({path.stat().st_size / 1e6:.1f} MB)")
 
 

@@ -1,10 +1,12 @@
 """Our SAC update against the same update in JAX (jaxrl's form), on the CPU.
 
     pip install -e ".[bench]"
-    python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check] [--compile]
-    python benchmarks/vs_jax.py --compile --block 8 --configs 1x1,10x1     # block rows: ours 8 updates per call vs a scan of 8
-    python benchmarks/vs_jax.py --compile --block 8 --split                 # and each side's matmul time in its update
-    python benchmarks/vs_jax.py --compile --configs 1x1 --processes 4       # rounds in 4 fresh sets of workers
+    python benchmarks/vs_jax.py [--rounds 7] [--updates 20] [--configs 1x1,10x1,1x2busy,1x2] [--skip-check]
+                                [--compile]
+    python benchmarks/vs_jax.py --compile --block 8 --configs 1x1,10x1  # block rows: ours 8 updates per call
+                                                                          # vs a scan of 8
+    python benchmarks/vs_jax.py --compile --block 8 --split              # and each side's matmul time in its update
+    python benchmarks/vs_jax.py --compile --configs 1x1 --processes 4    # rounds in 4 fresh sets of workers
 
 Both sides run plain SAC (no regularizers) with cheetah-run dimensions (obs 17, action 6), 2×256
 ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is the JAX side).
@@ -24,9 +26,9 @@ ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is
    turn (alternating which goes first); figures are medians over rounds, ``ours/jax`` is the
    median of the per-round ratios (> 1: JAX is faster). ``--processes P`` times the rounds in P
    fresh sets of workers, one after another, and pools all P × rounds samples: one process's
-   speed can differ from the next one's by up to ±15 % on a VM, which one set of workers keeps. ``1x2busy``: 2 threads while a busy loop
-   started by this script spins in another process; ``1x2``: without it (other load on the
-   machine is not controlled: the load averages before and after are printed). ``1xauto-busy``:
+   speed can differ from the next one's by up to ±15 % on a VM, which one set of workers keeps.
+   ``1x2busy``: 2 threads while a busy loop started by this script spins in another process; ``1x2``: without it
+   (other load on the machine is not controlled: the load averages before and after are printed). ``1xauto-busy``:
    both sides with their default thread count, the busy loop running from before they start: ours
    chooses as a run with ``threads=0`` does at its start (the cores other processes left idle),
    JAX uses every core.
@@ -91,8 +93,8 @@ differences between the sides:
     jax.random (threefry) inside each jitted update (the scan form: inside the scan)
   - ours runs eager torch ops (fused Adam), or with --compile one inductor program per update
     (critic step, Polyak step, actor and temperature step; with --block B, B updates per program)
-    that writes the parameters and Adam state in place; JAX compiles the whole update (sampling included) into one XLA program, state buffers
-    donated
+    that writes the parameters and Adam state in place; JAX compiles the whole update (sampling included) into
+    one XLA program, state buffers donated
   - both return the same per-update metrics (losses, mean Q, entropy) without reading them
   - timing data: 10 000 random transitions per seed of the same shapes and distributions, not the
     same values; each side initializes its own (orthogonal) parameters"""
@@ -110,7 +112,7 @@ def ours_worker(args: argparse.Namespace) -> None:
     import sac_spectral  # noqa: F401, I001  first: the project's OpenMP spin-wait, before torch loads libgomp
     import torch
 
-    from sac_spectral.agents.config import DEFAULT_REGULARIZERS
+    from sac_spectral.apps.rl.config import DEFAULT_REGULARIZERS
     from benchmarks.common import build, sac_config, time_updates
     from benchmarks.matmul_split import torch_matmuls
     from sac_spectral.core.threads import choose_threads
@@ -143,8 +145,10 @@ def jax_worker(args: argparse.Namespace) -> None:
     state = sac.init_state(jax.vmap(lambda key: init_params(key, OBS, ACT, [256, 256], 2))(keys))
     rng, size = np.random.default_rng(0), 10_000
     buffer = jax.device_put({
-        "obs": rng.standard_normal((n, size, OBS), np.float32), "action": rng.uniform(-1, 1, (n, size, ACT)).astype(np.float32),
-        "reward": rng.standard_normal((n, size), np.float32), "next_obs": rng.standard_normal((n, size, OBS), np.float32),
+        "obs": rng.standard_normal((n, size, OBS), np.float32),
+        "action": rng.uniform(-1, 1, (n, size, ACT)).astype(np.float32),
+        "reward": rng.standard_normal((n, size), np.float32),
+        "next_obs": rng.standard_normal((n, size, OBS), np.float32),
         "terminated": np.zeros((n, size), np.float32)})
     carry = [state, keys]
 
@@ -182,7 +186,8 @@ class Worker:
         if side == "jax" and threads == 1:
             env["XLA_FLAGS"] = XLA_ONE_THREAD
         cmd = [sys.executable, __file__, "--worker", side, "--seeds", str(seeds), "--threads", str(threads),
-               "--core", str(core), "--updates", str(args.updates), "--block", str(args.block)] + (["--compile"] if args.compile else []) + (["--split"] if args.split else [])
+               "--core", str(core), "--updates", str(args.updates), "--block",
+               str(args.block)] + (["--compile"] if args.compile else []) + (["--split"] if args.split else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def wait_ready(self) -> None:
@@ -211,7 +216,8 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
         time_workers(name, sides, args, samples)
         if args.processes > 1:
             last = {k: statistics.median(samples[k][-args.rounds:]) * 1e3 for k in ("ours", "jax", "scan")}
-            print(f"  workers {i + 1}: ours {last['ours']:.3f} ms  jax {last['jax']:.3f} ms  jax scan {last['scan']:.3f} ms")
+            print(f"  workers {i + 1}: ours {last['ours']:.3f} ms  jax {last['jax']:.3f} ms  jax scan "
+                  f"{last['scan']:.3f} ms")
     return samples
 
 
@@ -256,11 +262,13 @@ def report(name: str, s: dict[str, list[float]]) -> tuple[float, float]:
     print(f"  jax lax.scan (one call per block): {ms['scan']:.3f} ms  ours/jax-scan {scan_ratio:.2f}")
     if "spectral" in s:
         overhead = statistics.median(p / o for p, o in zip(s["spectral"], s["ours"], strict=True)) - 1
-        print(f"  spectral overhead: {overhead * 100:+.0f} % (ours with the default regularizers {ms['spectral']:.3f} ms)")
+        print(f"  spectral overhead: {overhead * 100:+.0f} % (ours with the default regularizers {ms['spectral']:.3f} "
+              "ms)")
     if "ours-mm" in s:
         print(f"  matmuls in the update: ours {ms['ours-mm']:.3f} ms  jax {ms['jax-mm']:.3f} ms  ours/jax "
               f"{statistics.median(o / j for o, j in zip(s['ours-mm'], s['jax-mm'], strict=True)):.2f}; the rest: ours "
-              f"{ms['ours'] - ms['ours-mm']:.3f} ms  jax scan {ms['scan'] - ms['jax-mm']:.3f} ms  jax loop {ms['jax'] - ms['jax-mm']:.3f} ms")
+              f"{ms['ours'] - ms['ours-mm']:.3f} ms  jax scan {ms['scan'] - ms['jax-mm']:.3f} ms  jax loop "
+              f"{ms['jax'] - ms['jax-mm']:.3f} ms")
     return ratio, scan_ratio
 
 
@@ -327,7 +335,8 @@ def main() -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--compile", action="store_true", help="ours with compile=true (the whole update compiled)")
-    p.add_argument("--split", action="store_true", help="also profile each side's matmul time in its update (benchmarks/matmul_split.py)")
+    p.add_argument("--split", action="store_true",
+                   help="also profile each side's matmul time in its update (benchmarks/matmul_split.py)")
     p.add_argument("--block", type=int, default=1, help="with --compile: ours runs this many updates per program "
                    "call (compile_block), and K becomes this")
     for flag, kind in (("--worker", str), ("--seeds", int), ("--threads", int), ("--core", int)):

@@ -16,8 +16,8 @@ in the first two rows, ours exactly as a user starts it (``threads=0``, TensorBo
 1000 updates, a checkpoint at the end, the progress bar): the default config, and the default
 config with the recommended fast settings (``compile=true``, and ``precision=bf16`` where the CPU
 has native bf16). ``compile=true`` includes compiling the update
-(inductor caches its programs on disk, so only a machine's first such run compiles from scratch). Prints each time and SB3 time / our
-time (targets: ≥ 1.5 for the default config, ≥ 1.6 for plain SAC). ``--jobs`` times a subset
+(inductor caches its programs on disk, so only a machine's first such run compiles from scratch). Prints each time and
+SB3 time / our time (targets: ≥ 1.5 for the default config, ≥ 1.6 for plain SAC). ``--jobs`` times a subset
 (ids: default, fast, sb3, e1, e1-nodiag, e1-compile, plain, sb3-e1) and ``--warmup`` runs each once
 untimed first (a warm inductor cache and file cache). Installs nothing; without stable-baselines3 it
 says so and exits.
@@ -139,7 +139,8 @@ def main() -> None:
     if importlib.util.find_spec("stable_baselines3") is None:
         print("stable-baselines3 is not installed; nothing to compare (pip install stable-baselines3)")
         return
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; cores: {len(os.sched_getaffinity(0))}")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"cores: {len(os.sched_getaffinity(0))}")
     print(f"job: cheetah-run, {args.steps} steps ({args.random_steps} random), RR 1, threads {args.threads}; "
           f"whole-process wall time, median of {args.repeats} alternated runs")
     with tempfile.TemporaryDirectory(prefix="vs_sb3_") as tmp:
@@ -153,9 +154,12 @@ def main() -> None:
             FAST: lambda: ours(args, run_dir(), fast_settings(), user_default=True),
             "SB3, E(10)": lambda: sb3(args, 10),
             "ours, default config, E(1)": lambda: ours(args, run_dir(), ["eval_episodes=1"]),
-            "ours, default config, E(1), no diagnostics": lambda: ours(args, run_dir(), ["eval_episodes=1", *NO_DIAGNOSTICS]),
-            "ours, default config, E(1), compile=true": lambda: ours(args, run_dir(), ["eval_episodes=1", "compile=true"]),
-            "ours, plain SAC, E(1), no diagnostics": lambda: ours(args, run_dir(), ["eval_episodes=1", *PLAIN, *NO_DIAGNOSTICS]),
+            "ours, default config, E(1), no diagnostics":
+                lambda: ours(args, run_dir(), ["eval_episodes=1", *NO_DIAGNOSTICS]),
+            "ours, default config, E(1), compile=true":
+                lambda: ours(args, run_dir(), ["eval_episodes=1", "compile=true"]),
+            "ours, plain SAC, E(1), no diagnostics":
+                lambda: ours(args, run_dir(), ["eval_episodes=1", *PLAIN, *NO_DIAGNOSTICS]),
             "SB3, E(1)": lambda: sb3(args, 1),
         }
         unknown = sorted(set(args.jobs.split(",")) - set(JOB_IDS))

@@ -1,4 +1,5 @@
-"""``python -m sac_spectral.continual``: the continual supervised runner (see :mod:`sac_spectral.apps.continual.runner`)."""
+"""``python -m sac_spectral.continual``: the continual supervised runner (see
+:mod:`sac_spectral.apps.continual.runner`)."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""``python -m sac_spectral.diagnose``: plasticity diagnostics of a saved RL run (see :mod:`sac_spectral.apps.rl.diagnose`)."""
+"""``python -m sac_spectral.diagnose``: plasticity diagnostics of a saved RL run (see
+:mod:`sac_spectral.apps.rl.diagnose`)."""
 
 import sys
 

@@ -96,7 +96,8 @@ class Ctx:
             stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=limit,
         )
 
-    def run(self, argv: Sequence[object], fsize: int | None = None, cwd: Path | None = None, timeout: float = 600) -> Proc:
+    def run(self, argv: Sequence[object], fsize: int | None = None, cwd: Path | None = None,
+            timeout: float = 600) -> Proc:
         """Run ``python ARGV`` to its end (killed after ``timeout`` seconds)."""
         p = self.popen(argv, fsize, cwd)
         try:

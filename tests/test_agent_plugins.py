@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sac_spectral.agents import SAC, TD3, base
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.config import ConfigError, help_text, load_config, merge_sources, to_dict
 from test_plugins import install, run
 
@@ -47,7 +47,8 @@ def test_an_installed_agent_trains_resumes_plays_and_is_diagnosed(plugins, tmp_p
     help_text = run(plugins, tmp_path, "sac_spectral.train", "--help")
     assert "fixed_sac.alpha" in help_text.stdout and "the fixed temperature" in help_text.stdout
     rd = tmp_path / "run"
-    done = run(plugins, tmp_path, "sac_spectral.train", "agent=fixed_sac", "fixed_sac.alpha=0.2", *SMALL, f"run_dir={rd}")
+    done = run(plugins, tmp_path, "sac_spectral.train", "agent=fixed_sac", "fixed_sac.alpha=0.2", *SMALL,
+               f"run_dir={rd}")
     assert done.returncode == 0, done.stderr
     assert "warning: sac_spectral.agents: 'broken' skipped" in done.stderr and done.stderr.count("warning:") == 1
     summary = json.loads((rd / "summary.json").read_text())
@@ -183,7 +184,8 @@ def test_a_plugins_bad_options_cost_only_that_plugin(discover, capsys):
 @pytest.mark.parametrize("overrides, error", [
     (["td3.policy_delay=3"], "td3.policy_delay is an option of agent td3; this run's agent is sac"),
     (["fixed_sac.alpha=0.1"], "fixed_sac.alpha is an option of agent fixed_sac; this run's agent is sac"),
-    (["agent=td3", "alpha.init=0.5"], "alpha.init is an option of agents sac, crossq, droq, redq, fixed_sac; this run's agent is td3"),
+    (["agent=td3", "alpha.init=0.5"],
+     "alpha.init is an option of agents sac, crossq, droq, redq, fixed_sac; this run's agent is td3"),
     (["agent=crossq", "redq.num_min=3"], "redq.num_min is an option of agent redq; this run's agent is crossq"),
 ], ids=["td3", "plugin", "sac", "redq"])
 def test_an_option_of_an_agent_the_run_does_not_use_is_refused(discover, overrides, error):
@@ -197,9 +199,11 @@ def test_the_options_an_agent_reads_and_every_agents_defaults_are_accepted(disco
     """An agent reads its own section and those of the agents it extends; a saved config holds every
     section, at its defaults where the agent does not read it."""
     discover("myagents", "fixed_sac = my_agents:FixedSAC\n", {"my_agents": AGENT})
-    assert base.AGENTS["redq"].sections == ("alpha", "redq") and base.AGENTS["fixed_sac"].sections == ("alpha", "fixed_sac")
+    assert base.AGENTS["redq"].sections == ("alpha", "redq")
+    assert base.AGENTS["fixed_sac"].sections == ("alpha", "fixed_sac")
     assert load_config(TrainConfig, overrides=["agent=redq", "alpha.init=0.5", "redq.num_min=1"]).redq.num_min == 1
-    assert load_config(TrainConfig, overrides=["agent=fixed_sac", "alpha.lr=1e-3", "fixed_sac.alpha=0.1"]).alpha.lr == 1e-3
+    assert load_config(TrainConfig,
+                       overrides=["agent=fixed_sac", "alpha.lr=1e-3", "fixed_sac.alpha=0.1"]).alpha.lr == 1e-3
     assert load_config(TrainConfig, overrides=["td3.policy_delay=2"]).agent == "sac"  # the default: nothing lost
     for agent in ("sac", "td3", "redq", "crossq", "fixed_sac"):
         saved = to_dict(load_config(TrainConfig, overrides=[f"agent={agent}"]))
@@ -251,7 +255,8 @@ def test_an_agent_drawing_from_the_global_generator_is_reproducible_and_resumabl
     args = ["agent=jitter_sac", *[a for a in SMALL if not a.startswith("total_steps")]]
     dirs = {name: tmp_path / name for name in ("a", "b", "split")}
     for name in ("a", "b"):
-        assert run(plugins, tmp_path, "sac_spectral.train", *args, "total_steps=120", f"run_dir={dirs[name]}").returncode == 0
+        assert run(plugins, tmp_path, "sac_spectral.train", *args, "total_steps=120",
+                   f"run_dir={dirs[name]}").returncode == 0
     split = run(plugins, tmp_path, "sac_spectral.train", *args, "total_steps=90", f"run_dir={dirs['split']}")
     assert split.returncode == 0, split.stderr
     resumed = run(plugins, tmp_path, "sac_spectral.train", "--resume", str(dirs["split"]), "total_steps=120")

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from attacks import (
     AS_ROOT,
     CKPT,
@@ -171,7 +172,7 @@ def _corrupt(kind: str, path: Path, ctx: Ctx) -> None:
             records = [i for i in z.infolist() if ("/data/" in i.filename) == (kind == "flipped_tensor_bytes")]
         rec = max(records, key=lambda i: i.file_size)
         name_len, extra_len = struct.unpack("<HH", data[rec.header_offset + 26 : rec.header_offset + 30])
-        start = rec.header_offset + 30 + name_len + extra_len if kind == "flipped_tensor_bytes" else rec.header_offset + 30
+        start = rec.header_offset + 30 + (name_len + extra_len if kind == "flipped_tensor_bytes" else 0)
         b = bytearray(data)
         for i in range(start, start + 8):
             b[i] ^= 0xFF
@@ -196,7 +197,8 @@ def _corrupt(kind: str, path: Path, ctx: Ctx) -> None:
         path.mkdir()
 
 
-CORRUPTIONS = ("truncated", "empty", "random", "flipped_tensor_bytes", "flipped_header_bytes", "malicious", "plain_pickle", "wrong_structure", "zip_garbage",
+CORRUPTIONS = ("truncated", "empty", "random", "flipped_tensor_bytes", "flipped_header_bytes", "malicious",
+               "plain_pickle", "wrong_structure", "zip_garbage",
                "directory")
 
 
@@ -232,7 +234,8 @@ def binary_config_file_train(ctx: Ctx) -> list[str]:
     f = ctx.path("binary.yaml")
     f.write_bytes(bytes(range(256)) * 4)
     rd = ctx.path("binary_rd")
-    return expect_error(ctx.T("--config", f, f"run_dir={rd}"), 2, str(f.name)) + (["run dir written"] if rd.exists() else [])
+    return expect_error(ctx.T("--config", f, f"run_dir={rd}"), 2,
+                        str(f.name)) + (["run dir written"] if rd.exists() else [])
 
 
 @attack()
@@ -240,7 +243,8 @@ def binary_config_file_continual(ctx: Ctx) -> list[str]:
     f = ctx.path("binary.yaml")
     f.write_bytes(b"\xff\xfe\x00\x81" * 100)
     rd = ctx.path("binary_rd")
-    return expect_error(ctx.C("--config", f, f"run_dir={rd}"), 2, str(f.name)) + (["run dir written"] if rd.exists() else [])
+    return expect_error(ctx.C("--config", f, f"run_dir={rd}"), 2,
+                        str(f.name)) + (["run dir written"] if rd.exists() else [])
 
 
 def _bad_value_attack(tool: str, overrides: Sequence[str], key: str) -> Callable[[Ctx], list[str]]:
@@ -266,7 +270,8 @@ for _tool, _override, _key in [
 ]:
     attack()(_bad_value_attack(_tool, [_override], _key))
 
-for _tool, _override in [("train", "seed=-1"), ("train", "seed=1e20"), ("continual", "seed=-1"), ("continual", "seed=1e20"),
+for _tool, _override in [("train", "seed=-1"), ("train", "seed=1e20"), ("continual", "seed=-1"),
+                         ("continual", "seed=1e20"),
                          ("train", "num_seeds=3 seed=2147483647")]:
     attack()(_bad_value_attack(_tool, _override.split(), "seed"))
 
@@ -515,7 +520,8 @@ def override_before_resume(ctx: Ctx) -> list[str]:
 def run_dir_is_a_file(ctx: Ctx) -> list[str]:
     f = ctx.path("a_file")
     f.write_text("keep me\n")
-    return expect_error(ctx.T(*RL, f"run_dir={f}"), 2, "not a directory") + (["file changed"] if f.read_text() != "keep me\n" else [])
+    return expect_error(ctx.T(*RL, f"run_dir={f}"), 2,
+                        "not a directory") + (["file changed"] if f.read_text() != "keep me\n" else [])
 
 
 @attack()
@@ -523,7 +529,8 @@ def empty_run_dir(ctx: Ctx) -> list[str]:
     cwd = ctx.path("cwd")
     cwd.mkdir()
     p = ctx.run(["-m", "sac_spectral.train", *RL, "total_steps=100", "run_dir="], cwd=cwd)
-    return expect_error(p, 2, "run_dir") + ([f"wrote into the current directory: {os.listdir(cwd)}"] if any(cwd.iterdir()) else [])
+    wrote = [f"wrote into the current directory: {os.listdir(cwd)}"] if any(cwd.iterdir()) else []
+    return expect_error(p, 2, "run_dir") + wrote
 
 
 @attack()
@@ -538,7 +545,8 @@ def duplicate_yaml_keys(ctx: Ctx) -> list[str]:
     f = ctx.path("dup.yaml")
     f.write_text("total_steps: 100\ntotal_steps: 200\n")
     rd = ctx.path("dup_rd")
-    return expect_error(ctx.T("--config", f, *RL, f"run_dir={rd}"), 2, "duplicate") + (["run dir written"] if rd.exists() else [])
+    return expect_error(ctx.T("--config", f, *RL, f"run_dir={rd}"), 2,
+                        "duplicate") + (["run dir written"] if rd.exists() else [])
 
 
 @attack()
@@ -699,7 +707,8 @@ for _args, _frags in [
     (["agent=crossq", "critic.arch=bronet", "total_steps=100"], ("critic.arch", "crossq")),
     (["agent=crossq", "critic.layer_norm=true", "total_steps=100"], ("critic.layer_norm", "crossq")),
     (["agent=redq", "critic.num_critics=1", "total_steps=100"], ("redq.num_min", "critic.num_critics")),
-    (["agent=redq", "critic.num_critics=3", "redq.num_min=5", "total_steps=100"], ("redq.num_min", "critic.num_critics")),
+    (["agent=redq", "critic.num_critics=3", "redq.num_min=5", "total_steps=100"],
+     ("redq.num_min", "critic.num_critics")),
 ]:
     attack()(_plain_error("train", _args, 2, *_frags))
 
@@ -709,14 +718,16 @@ def _config_file_attack(name: str, text: str | bytes, fragment: str) -> Callable
         f = ctx.path(f"{name}.yaml")
         f.write_bytes(text if isinstance(text, bytes) else text.encode())
         rd = ctx.path("cfgfile_rd")
-        return expect_error(ctx.T("--config", f, f"run_dir={rd}"), 2, fragment) + (["run dir written"] if rd.exists() else [])
+        return expect_error(ctx.T("--config", f, f"run_dir={rd}"), 2,
+                            fragment) + (["run dir written"] if rd.exists() else [])
 
     fn.__name__ = f"config_file_{name}"
     return fn
 
 
 for _name, _text, _frag in [
-    ("not_yaml", "a: [1, 2\n", "yaml"), ("a_list", "- 1\n- 2\n", "mapping"), ("unknown_key", "totl_steps: 5\n", "totl_steps"),
+    ("not_yaml", "a: [1, 2\n", "yaml"), ("a_list", "- 1\n- 2\n", "mapping"),
+    ("unknown_key", "totl_steps: 5\n", "totl_steps"),
     ("python_tag", "total_steps: !!python/object/apply:os.system ['true']\n", "yaml"),
     ("nested_wrong", "critic: 5\n", "critic"),
 ]:
@@ -1187,7 +1198,8 @@ def _kill_after_two_evaluations(ctx: Ctx, rd: Path) -> list[str]:
         time.sleep(0.05)
     p.kill()
     p.communicate()
-    return [] if len(_eval_steps(rd)) >= 2 and not (rd / CKPT).exists() else ["the run was not killed after two evaluations"]
+    killed = len(_eval_steps(rd)) >= 2 and not (rd / CKPT).exists()
+    return [] if killed else ["the run was not killed after two evaluations"]
 
 
 @attack()
@@ -1256,7 +1268,8 @@ def dynamics_that_blow_the_simulator_up_end_in_one_line_after_a_checkpoint(ctx: 
 @attack()
 def dynamics_of_an_infinite_range_are_refused(ctx: Ctx) -> list[str]:
     rd = ctx.path("gravity_inf")
-    problems = expect_error(ctx.T(*RL, "tasks=[{dynamics: {gravity: [1.0, .inf]}}]", "steps_per_task=100", f"run_dir={rd}"),
+    problems = expect_error(ctx.T(*RL, "tasks=[{dynamics: {gravity: [1.0, .inf]}}]", "steps_per_task=100",
+                                  f"run_dir={rd}"),
                             2, "tasks[0].dynamics.gravity", "finite")
     return problems + (["the run directory was created"] if rd.exists() else [])
 
@@ -1275,7 +1288,8 @@ def a_finished_sequence_is_extended_by_cycles_not_total_steps(ctx: Ctx) -> list[
     p = ctx.T("--resume", rd)
     if not p.out.strip().endswith(f"To extend it: --resume {rd} cycles=N with N > 1"):
         problems.append(f"the finished message does not name cycles: {p.out.strip()[-200:]}")
-    problems += expect_error(ctx.T("--resume", rd, "total_steps=400"), 2, "total_steps=400 would not take effect", "cycles")
+    problems += expect_error(ctx.T("--resume", rd, "total_steps=400"), 2, "total_steps=400 would not take effect",
+                             "cycles")
     problems += unchanged(before, rd)
     problems += expect_ok(ctx.T("--resume", rd, "cycles=2"))
     if _eval_steps(rd)[-1:] != [200]:

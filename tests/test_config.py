@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from sac_spectral.apps.rl.train import TrainConfig
 from sac_spectral.core.config import (
     ConfigError,
     help_text,
@@ -9,7 +10,6 @@ from sac_spectral.core.config import (
     merge_sources,
     to_dict,
 )
-from sac_spectral.apps.rl.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,8 @@ def test_default_yaml_is_the_embedded_default():
     assert to_dict(load_config(TrainConfig, ROOT / "run_configs" / "default.yaml")) == to_dict(TrainConfig())
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "run_configs").glob("*.yaml") if not p.name.startswith("continual")))
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "run_configs").glob("*.yaml")
+                                        if not p.name.startswith("continual")))
 def test_every_rl_config_loads(name):
     load_config(TrainConfig, ROOT / "run_configs" / name)
 
@@ -84,14 +85,14 @@ def test_bf16_support_is_read_from_the_cpu_flags(tmp_path):
 
 
 def test_bf16_on_a_cpu_without_it_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
-    import sac_spectral.agents.config as agent_config
-    from sac_spectral.runs.cli import run_cli
+    import sac_spectral.apps.rl.config as run_config
     from sac_spectral.apps.rl.train import main
+    from sac_spectral.runs.cli import run_cli
 
-    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: False)
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: False)
     assert run_cli(main, ["precision=bf16", f"run_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no native bf16" in err and "precision=fp32" in err
     assert not (tmp_path / "r").exists()
-    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: None)  # flags unknown: nothing is claimed
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: None)  # flags unknown: nothing is claimed
     merge_sources(TrainConfig, {}, ["precision=bf16"])

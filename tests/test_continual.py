@@ -26,7 +26,8 @@ def run(args) -> int:
 
 
 def test_default_yaml_is_the_embedded_default():
-    assert to_dict(load_config(ContinualConfig, ROOT / "run_configs" / "continual_default.yaml")) == to_dict(ContinualConfig())
+    assert to_dict(load_config(ContinualConfig,
+                               ROOT / "run_configs" / "continual_default.yaml")) == to_dict(ContinualConfig())
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "run_configs").glob("continual_*.yaml")))
@@ -110,7 +111,8 @@ def test_stop_mid_task_and_extend_on_resume_reproduce_the_straight_run(tmp_path,
     assert run(["--resume", split, "stream.num_tasks=3"]) == 0
     a, b = load_checkpoint(straight / CHECKPOINT), load_checkpoint(split / CHECKPOINT)
     _same(a, b)
-    assert json.loads((split / "summary.json").read_text())["tasks"] == json.loads((straight / "summary.json").read_text())["tasks"]
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (split, straight)]
+    assert summaries[0]["tasks"] == summaries[1]["tasks"]
 
 
 @pytest.mark.parametrize(
@@ -162,7 +164,8 @@ def test_diverging_run_stops_with_exit_1_and_writes_no_summary(tmp_path, capsys)
             "log_every=5", f"run_dir={rd}"]
     assert run(args) == 1
     err = capsys.readouterr().err
-    assert "non-finite loss, parameters or optimizer state at iteration 5" in err and "no checkpoint had been written yet" in err
+    assert "non-finite loss, parameters or optimizer state at iteration 5" in err
+    assert "no checkpoint had been written yet" in err
     assert not (rd / CHECKPOINT).exists() and not (rd / "summary.json").exists()
 
 
@@ -181,7 +184,8 @@ def test_non_finite_parameters_keep_the_last_good_checkpoint(tmp_path, capsys):
 
 
 def test_diagnostics_hook_sees_the_model_a_probe_batch_and_per_example_losses(tmp_path):
-    cfg = merge_sources(ContinualConfig, None, FAST + ["diagnostics_every=15", "probe_size=24", f"run_dir={tmp_path / 'r'}"])
+    cfg = merge_sources(ContinualConfig, None,
+                        FAST + ["diagnostics_every=15", "probe_size=24", f"run_dir={tmp_path / 'r'}"])
     runner = ContinualRunner(cfg)
     calls = []
 

@@ -10,9 +10,8 @@ import time
 import numpy as np
 import pytest
 import yaml
-from test_train import ROOT, _assert_same_state, run
 
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.stages import stage_metrics
 from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.envs import EnvPool
@@ -20,11 +19,13 @@ from sac_spectral.envs.tasks import Permuted, mujoco_model
 from sac_spectral.runs.checkpoint import load_checkpoint
 from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.layout import CHECKPOINT
+from test_train import ROOT, _assert_same_state, run
 
 TINY = ["action_repeat=8", "random_steps=4", "eval_episodes=1", "batch_size=8", "actor.hidden=[16,16]",
         "critic.hidden=[16,16]", "threads=1", "progress=false", "checkpoint_every=0", "diagnostics.every=0"]
 #: three stages of 7 steps: another task, then heavier and more slippery, then permuted
-SEQUENCE = ("tasks=[{env: dmc:cartpole-swingup}, {env: dmc:cartpole-balance, dynamics: {mass: 2.0, friction: [0.5, 2.0]}},"
+SEQUENCE = ("tasks=[{env: dmc:cartpole-swingup}, {env: dmc:cartpole-balance, dynamics: {mass: 2.0, friction: [0.5, "
+            "2.0]}},"
             " {env: dmc:cartpole-swingup, permute_obs: true, permute_actions: true}]")
 
 
@@ -37,7 +38,8 @@ def _record(monkeypatch) -> list[list[dict]]:
         seen.append([{"task": env.spec.id, "mass": float(mujoco_model(env).body_mass.sum()),
                       "friction": float(mujoco_model(env).geom_friction[:, 0].sum()),
                       "obs_perm": tuple(env.d.obs_perm) if isinstance(env, Permuted) else None,
-                      "act": (tuple(env.d.act_perm), tuple(env.d.act_sign.tolist())) if isinstance(env, Permuted) else None}
+                      "act": ((tuple(env.d.act_perm), tuple(env.d.act_sign.tolist()))
+                              if isinstance(env, Permuted) else None)}
                      for env in pool.envs])
         return step(pool, actions)
 
@@ -141,10 +143,10 @@ def test_updates_owed_skip_every_warm_up_after_a_cleared_buffer(ratio):
     cfg = from_dict(TrainConfig, {"tasks": [{"name": "a"}, {"name": "b"}], "steps_per_task": 7, "cycles": 3000,
                                   "random_steps": 3, "replay_ratio": ratio, "on_switch": {"buffer": "clear"}})
     owed = lambda step: int(max(0, step - 3) * ratio + 1e-9)  # noqa: E731
-    count = 0
+    count, seq = 0, cfg.sequence()
     for step in range(1, cfg.total_steps + 1):
         count += 0 if step > 7 and (step - 1) % 7 < 3 else owed(step) - owed(step - 1)
-        assert cfg.updates_by(step) == count, step
+        assert seq.updates_by(step) == count, step
 
 
 def test_a_finished_sequence_is_extended_by_its_cycles_as_a_straight_run(tmp_path, capsys):
@@ -161,7 +163,8 @@ def test_a_finished_sequence_is_extended_by_its_cycles_as_a_straight_run(tmp_pat
     assert capsys.readouterr().out.strip().endswith(f"To extend it: --resume {extended} cycles=N with N > 1")
     assert run(["--resume", extended, "total_steps=20"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: total_steps=20 would not take effect") and "cycles" in err[0], err
+    assert len(err) == 1, err
+    assert err[0].startswith("error: total_steps=20 would not take effect") and "cycles" in err[0], err
     assert run(["--resume", extended, "cycles=2"]) == 0
     a, b = load_checkpoint(straight / CHECKPOINT), load_checkpoint(extended / CHECKPOINT)
     assert a["step"] == b["step"] == 20 and [s["step"] for s in b["switches"]] == [10]
@@ -185,12 +188,15 @@ def test_a_plain_run_is_one_stage_of_its_env(tmp_path):
 
 def test_a_sequence_config_names_its_tasks_and_length():
     cfg = from_dict(TrainConfig, {"env": "dmc:walker-walk", "steps_per_task": 100, "cycles": 2,
-                                  "tasks": [{}, {"env": "dmc:walker-run", "name": "run", "dynamics": {"gravity": 0.5}}]})
+                                  "tasks": [{},
+                                            {"env": "dmc:walker-run", "name": "run", "dynamics": {"gravity": 0.5}}]})
     assert cfg.total_steps == 400 and cfg.env == "dmc:walker-walk"
     assert [t["name"] for t in cfg.tasks] == ["0-walker-walk", "run"] and cfg.tasks[0]["env"] == "dmc:walker-walk"
     seq = cfg.sequence()
-    assert [(s.index, s.cycle, s.task) for s in map(seq.stage, range(len(seq)))] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
-    assert from_dict(TrainConfig, {k: getattr(cfg, k) for k in ("env", "tasks", "steps_per_task", "cycles")}).tasks == cfg.tasks
+    stages = [(s.index, s.cycle, s.task) for s in map(seq.stage, range(len(seq)))]
+    assert stages == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    keys = ("env", "tasks", "steps_per_task", "cycles")
+    assert from_dict(TrainConfig, {k: getattr(cfg, k) for k in keys}).tasks == cfg.tasks
 
 
 def test_a_long_sequence_builds_its_stages_when_asked():
@@ -205,16 +211,21 @@ def test_a_long_sequence_builds_its_stages_when_asked():
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
-    (["tasks=[{env: dmc:cartpole-swingup, colour: red}]", "steps_per_task=5"], "tasks[0]: unknown key 'colour'; valid keys: env,"),
-    (["tasks=[{dynamics: {friction: -1}}]", "steps_per_task=5"], "tasks[0].dynamics.friction: expected a finite factor > 0"),
-    (["tasks=[{dynamics: {gravity: [1.0, .inf]}}]", "steps_per_task=5"], "tasks[0].dynamics.gravity: expected a finite factor"),
+    (["tasks=[{env: dmc:cartpole-swingup, colour: red}]", "steps_per_task=5"],
+     "tasks[0]: unknown key 'colour'; valid keys: env,"),
+    (["tasks=[{dynamics: {friction: -1}}]", "steps_per_task=5"],
+     "tasks[0].dynamics.friction: expected a finite factor > 0"),
+    (["tasks=[{dynamics: {gravity: [1.0, .inf]}}]", "steps_per_task=5"],
+     "tasks[0].dynamics.gravity: expected a finite factor"),
     (["tasks=[{dynamics: {mass: .nan}}]", "steps_per_task=5"], "tasks[0].dynamics.mass: expected a finite factor"),
     (["tasks=[{dynamics: {wind: 2}}]", "steps_per_task=5"], "unknown 'wind'; valid: friction, mass, gravity, gear"),
     (["tasks=[{name: a}, {name: a}]", "steps_per_task=5"], "names must be unique"),
     (["tasks=[{}]"], "steps_per_task: must be >= 1"),
-    (["tasks=[{}]", "steps_per_task=5", "cycles=100000000"], "cycles: 1 task(s) x 100000000 cycles = 100000000 stages; at most"),
+    (["tasks=[{}]", "steps_per_task=5", "cycles=100000000"],
+     "cycles: 1 task(s) x 100000000 cycles = 100000000 stages; at most"),
     (["cycles=2"], "cycles: only a task sequence (tasks) repeats; leave it at 1 (got 2)"),
-    (["tasks=[{}]", "steps_per_task=5", "on_switch.reset=last"], "on_switch.reset: 'last' is not one of none, all, last:<k>"),
+    (["tasks=[{}]", "steps_per_task=5", "on_switch.reset=last"],
+     "on_switch.reset: 'last' is not one of none, all, last:<k>"),
     (["tasks=[{}]", "steps_per_task=5", "on_switch.buffer=drop"], "on_switch.buffer: 'drop' is not one of keep, clear"),
     (["tasks=[{env: dmc:cartpole-swingup}, {env: dmc:walker-walk}]", "steps_per_task=5"],
      "a sequence's tasks must share their shapes"),
@@ -237,7 +248,8 @@ def test_dynamics_the_simulator_cannot_integrate_end_the_run_in_one_line_after_a
     assert run(TINY + [tasks, "steps_per_task=7", "eval_every=0", f"run_dir={rd}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert "Traceback" not in "\n".join(err)
-    assert err[-1].startswith("error: the simulator failed in stage 1 (task 1-cartpole-balance, dynamics gravity=1e+09): "
+    assert err[-1].startswith("error: the simulator failed in stage 1 (task 1-cartpole-balance, dynamics "
+                              "gravity=1e+09): "
                               "Physics state is invalid"), err[-1]
     assert err[-1].endswith(f"at step 7; stopping; checkpoint written to {rd / CHECKPOINT}"), err[-1]
     state = load_checkpoint(rd / CHECKPOINT)
@@ -259,7 +271,8 @@ def test_stage_metrics_follow_their_definitions():
     assert a["forgetting"] == [400.0 - 200.0] and b["forgetting"] == [600.0 - 450.0]
     assert a["best_per_stage"] == {"0": [400.0], "1": [350.0], "2": [200.0], "3": [200.0]}
     assert a["plasticity"] == {"2": [200.0 / 400.0]} and b["plasticity"] == {"3": [450.0 / 600.0]}
-    assert m["final_average"] == [325.0] and m["first_average"] == [500.0] and m["plasticity_by_stage"] == {"2": [0.5], "3": [0.75]}
+    assert m["final_average"] == [325.0] and m["first_average"] == [500.0]
+    assert m["plasticity_by_stage"] == {"2": [0.5], "3": [0.75]}
     assert m["stage_end"] == {"0": [400.0], "1": [600.0], "2": [200.0], "3": [450.0]} and m["seeds"] == [0]
 
 
@@ -294,7 +307,8 @@ def test_an_evaluation_in_a_warm_up_counts_in_no_best_and_no_forgetting(marked):
     is neither stage 1's best nor the best that forgetting falls from; only the final return may be
     such an evaluation. Files written before the ``warmup`` column are told by their ``updates``."""
     evals = [(5, 0, 2, 100.0, 0), (10, 0, 12, 250.0, 0), (15, 1, 12, 311.8, 1), (20, 1, 22, 96.1, 0)]
-    rows = [{"step": s, "seed": 0, "task": "a", "stage": st, "updates": u, "return": r, **({"warmup": w} if marked else {})}
+    rows = [{"step": s, "seed": 0, "task": "a", "stage": st, "updates": u, "return": r,
+             **({"warmup": w} if marked else {})}
             for s, st, u, r, w in evals]
     a = stage_metrics(rows, ["a", "a"], 10, [0])["tasks"]["a"]
     assert a["best_per_stage"] == {"0": [250.0], "1": [96.1]} and a["warmup_steps"] == [15]
@@ -332,7 +346,9 @@ def test_a_sequence_with_dynamics_on_a_gymnasium_mujoco_env():
 
     try:
         stage = TaskSequence(parse_tasks([{"env": "HalfCheetah-v5", "dynamics": {"friction": 0.25}}], "x"), 5).stage(0)
-        env, plain = stage_env(stage, 0, 1), stage_env(TaskSequence(parse_tasks([{"env": "HalfCheetah-v5"}], "x"), 5).stage(0), 0, 1)
+        env, plain = stage_env(stage, 0,
+                               1), stage_env(TaskSequence(parse_tasks([{"env": "HalfCheetah-v5"}], "x"), 5).stage(0), 0,
+                                             1)
     except Exception as err:  # noqa: BLE001 - no mujoco here
         pytest.skip(f"HalfCheetah-v5 cannot be built: {err}")
     np.testing.assert_allclose(mujoco_model(env).geom_friction[:, 0], 0.25 * mujoco_model(plain).geom_friction[:, 0])
@@ -384,11 +400,11 @@ def test_the_report_tabulates_forgetting_and_plasticity_and_correlates_the_switc
 
 
 def test_a_sequences_start_line_lists_its_stages():
-    from sac_spectral.agents.config import TrainConfig
+    from pathlib import Path
+
+    from sac_spectral.apps.rl.config import TrainConfig
     from sac_spectral.apps.rl.run import describe
     from sac_spectral.core.config import load_config
-
-    from pathlib import Path
 
     configs = Path(__file__).resolve().parents[1] / "run_configs"
     cfg = load_config(TrainConfig, configs / "sequence_cartpole_permuted.yaml")

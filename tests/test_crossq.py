@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import reference_batch, named_noise
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, CrossQ
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.crossq import BatchRenorm
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams
 
@@ -40,7 +40,7 @@ class RenormCritic:
     """One critic: BRN(input) → [Linear → ReLU → BRN] × 2 → Linear, with its running statistics."""
 
     def __init__(self, net, j):
-        self.linears = [(_leaf(l.weight[j]), _leaf(l.bias[j])) for l in [*net.layers, net.heads[0]]]
+        self.linears = [(_leaf(lin.weight[j]), _leaf(lin.bias[j])) for lin in [*net.layers, net.heads[0]]]
         self.norms = [(_leaf(n.weight[j]), _leaf(n.bias[j])) for n in [net.in_norm, *net.norms]]
         self.mean = [n.running_mean[j].clone() for n in [net.in_norm, *net.norms]]
         self.var = [n.running_var[j].clone() for n in [net.in_norm, *net.norms]]
@@ -76,7 +76,7 @@ class RenormCritic:
 class Reference:
     def __init__(self, agent: CrossQ, cfg: TrainConfig) -> None:
         self.cfg, self.opts = cfg, cfg.crossq
-        self.actor = [(_leaf(l.weight[0]), _leaf(l.bias[0])) for l in [*agent.actor.layers, *agent.actor.heads]]
+        self.actor = [(_leaf(lin.weight[0]), _leaf(lin.bias[0])) for lin in [*agent.actor.layers, *agent.actor.heads]]
         self.critics = [RenormCritic(agent.critic, j) for j in range(C)]
         self.log_alpha = torch.tensor(math.log(cfg.alpha.init), requires_grad=True)
         betas = (cfg.crossq.adam_beta1, 0.999)
@@ -149,12 +149,13 @@ def test_update_equals_the_papers_equations_after_three_updates():
         agent.update(batch, named_noise(agent, noise))
         ref.update(*(batch[k][0] for k in ("obs", "action", "reward", "next_obs", "terminated")), noise[:, 0])
     net = agent.critic
-    ours = [[l.weight[j] for l in [*net.layers, net.heads[0]]] + [l.bias[j] for l in [*net.layers, net.heads[0]]]
+    linears = [*net.layers, net.heads[0]]
+    ours = [[lin.weight[j] for lin in linears] + [lin.bias[j] for lin in linears]
             + [n.weight[j] for n in [net.in_norm, *net.norms]] + [n.running_mean[j] for n in [net.in_norm, *net.norms]]
             + [n.running_var[j] for n in [net.in_norm, *net.norms]] for j in range(C)]
     theirs = [[w for w, _ in c.linears] + [b for _, b in c.linears] + [g for g, _ in c.norms] + c.mean + c.var
               for c in ref.critics]
-    actor = [l.weight[0] for l in [*agent.actor.layers, *agent.actor.heads]]
+    actor = [lin.weight[0] for lin in [*agent.actor.layers, *agent.actor.heads]]
     pairs = [*zip(actor, [w for w, _ in ref.actor]), *(p for o, t in zip(ours, theirs) for p in zip(o, t))]
     worst = max(max((a - b).abs().max().item() for a, b in pairs), abs(agent.log_alpha.item() - ref.log_alpha.item()))
     assert worst < 1e-6, worst
@@ -197,7 +198,8 @@ def test_the_critic_follows_critic_activation_and_init():
     assert torch.equal(critic(x), critic.heads[0](h))
 
 
-@pytest.mark.parametrize("critic, key", [({"arch": "bronet"}, "critic.arch"), ({"layer_norm": True}, "critic.layer_norm"),
+@pytest.mark.parametrize("critic, key",
+                         [({"arch": "bronet"}, "critic.arch"), ({"layer_norm": True}, "critic.layer_norm"),
                                          ({"activation": "crelu"}, "critic.activation")])
 def test_critic_options_it_cannot_honour_are_refused(critic, key):
     """In one line naming the key; the same options stay valid for SAC."""

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 from sac_spectral.agents import AGENTS, SAC, ReplayBuffer, SACConfig
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.probes import (
     DiagnosticsConfig,
     agent_diagnostics,
     network_loss,
     probe_batch,
 )
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.nets import BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.diagnostics import (
@@ -87,7 +87,7 @@ def test_geometric_decay_matches_closed_forms(r, n):
 
 def test_zero_matrix_has_rank_zero_and_undefined_condition_number():
     s = spectrum_summary(torch.zeros(2, 5))
-    assert s["erank"].tolist() == [0, 0] and s["frobenius_stable_rank"].tolist() == [0, 0] and s["rank99"].tolist() == [0, 0]
+    assert all(s[key].tolist() == [0, 0] for key in ("erank", "frobenius_stable_rank", "rank99"))
     assert torch.isnan(s["cond"]).all()
 
 
@@ -123,7 +123,7 @@ def test_per_example_gradients_of_a_member_batched_net_stay_within_each_member()
             out = model(x[:, i : i + 1])  # every member sees its own example i
             loss = (out[m] - y[m, i : i + 1]).square().sum()  # member m's loss only
             ref = torch.autograd.grad(loss, params)
-            for (name, g), r, p in zip(grads.items(), ref, params):
+            for (name, g), r in zip(grads.items(), ref):
                 assert torch.count_nonzero(r[torch.arange(3) != m]) == 0  # member m never reaches j ≠ m
                 torch.testing.assert_close(g[i, m], r[m], atol=1e-5, rtol=1e-5, msg=name)
     G = gradient_matrix(grads, members=3)
@@ -156,7 +156,8 @@ def test_factored_gram_equals_torch_func(members):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6 * float(a[k].abs().max()))
     mlp, fn, batch2 = _mlp_case()
     for k, v in gradient_grams(mlp, fn, batch2, method="factored").items():
-        torch.testing.assert_close(v, gradient_grams(mlp, fn, batch2, method="func")[k], rtol=1e-5, atol=1e-6 * float(v.abs().max()))
+        torch.testing.assert_close(v, gradient_grams(mlp, fn, batch2, method="func")[k], rtol=1e-5,
+                                   atol=1e-6 * float(v.abs().max()))
 
 
 def test_factored_gram_refuses_what_it_cannot_factor_and_auto_falls_back():
@@ -463,14 +464,14 @@ def test_top_direction_alignment_finds_a_planted_direction_on_either_side():
 def test_training_with_diagnostics_is_identical_logs_the_tags_and_can_be_diagnosed(tmp_path, capsys):
     import json
 
-    from conftest import SMALL
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from conftest import SMALL
     from sac_spectral.apps.rl.diagnose import main as diagnose_main
+    from sac_spectral.apps.rl.train import main as train_main
     from sac_spectral.runs.checkpoint import load_checkpoint
     from sac_spectral.runs.cli import run_cli
     from sac_spectral.runs.layout import CHECKPOINT
-    from sac_spectral.apps.rl.train import main as train_main
 
     args = [*SMALL, "random_steps=200", "eval_every=0", "log_every=100", "buffer_size=5000", "total_steps=450",
             "num_seeds=2", "critic.num_critics=3"]
@@ -489,7 +490,8 @@ def test_training_with_diagnostics_is_identical_logs_the_tags_and_can_be_diagnos
     scalars, hists = set(events.Tags()["scalars"]), set(events.Tags()["histograms"])
     assert {"grad_rank/critic/erank", "seed1/grad_rank/actor/cond", "features/critic/erank",
             "dormant/actor/fraction", "spectral/critic/layer2/cond"} <= scalars
-    assert [e.step for e in events.Scalars("grad_rank/critic/erank")] == [200, 260, 320, 380, 440]  # untrained (end of warm-up), every 60
+    # untrained (end of warm-up), then every 60
+    assert [e.step for e in events.Scalars("grad_rank/critic/erank")] == [200, 260, 320, 380, 440]
     assert {"seed0/spectra/critic/grad", "seed1/spectra/actor/layer0"} <= hists
     quiet = EventAccumulator(str(off))
     quiet.Reload()

@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from conftest import named_noise, reference_batch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, DroQ, ReplayBuffer
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.train import main
 from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams
@@ -45,7 +45,7 @@ def _linear(layer, member):
 
 def _critic(net, member):
     """Per hidden layer (W, b, LayerNorm gain, shift), then the head's (W, b)."""
-    hidden = [(*_linear(l, member), *_linear(n, member)) for l, n in zip(net.layers, net.norms)]
+    hidden = [(*_linear(lin, member), *_linear(n, member)) for lin, n in zip(net.layers, net.norms)]
     return hidden + [_linear(net.heads[0], member)]
 
 
@@ -54,7 +54,7 @@ class Reference:
 
     def __init__(self, agent: DroQ, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        self.actor = [_linear(l, 0) for l in list(agent.actor.layers) + list(agent.actor.heads)]
+        self.actor = [_linear(lin, 0) for lin in list(agent.actor.layers) + list(agent.actor.heads)]
         self.critics = [_critic(agent.critic, i) for i in range(M)]
         self.targets = [[tuple(t.detach().clone() for t in p) for p in c] for c in self.critics]
         self.log_alpha = torch.tensor(math.log(cfg.alpha.init), requires_grad=True)
@@ -138,7 +138,7 @@ def test_update_equals_the_papers_equations_after_three_updates():
         noise = torch.randn(rows, 1, B, ACT)
         agent.update(batch, named_noise(agent, noise))
         ref.update(*(batch[k][0] for k in ("obs", "action", "reward", "next_obs", "terminated")), noise[:, 0].flatten())
-    pairs = [(_linear(l, 0), p) for l, p in zip(list(agent.actor.layers) + list(agent.actor.heads), ref.actor)]
+    pairs = [(_linear(lin, 0), p) for lin, p in zip(list(agent.actor.layers) + list(agent.actor.heads), ref.actor)]
     pairs += [(o, r) for i in range(M) for o, r in zip(_critic(agent.critic, i), ref.critics[i])]
     pairs += [(o, r) for i in range(M) for o, r in zip(_critic(agent.target_critic, i), ref.targets[i])]
     worst = max((o - t).abs().max().item() for ours, theirs in pairs for o, t in zip(ours, theirs))
@@ -230,3 +230,31 @@ def test_a_dropout_outside_0_1_is_refused_in_one_line(dropout):
     with pytest.raises(ConfigError, match=r"^droq\.dropout: must lie in \[0, 1\)") as err:
         from_dict(TrainConfig, {"agent": "droq", "droq": {"dropout": dropout}})
     assert "\n" not in str(err.value)
+
+
+def test_diagnostics_differentiate_the_dropout_loss_and_measure_features_without_dropout():
+    """The gradient diagnostics differentiate the update's loss, dropout with the probe's masks
+    included (its per-example losses average to the update's critic loss; other masks give another
+    loss); the feature diagnostics (ranks, dormant units) forward the critics without dropout, as
+    ``q_values`` does, so they do not depend on the masks."""
+    from sac_spectral.agents.probes import DiagnosticsConfig, agent_diagnostics, network_loss, probe_batch
+
+    agent = DroQ(OBS, ACT, _config(), SeedStreams([0]))
+    batch, noise = probe_batch(agent, _buffer(1), B, [0], 0)
+    g = torch.Generator().manual_seed(1)
+    other = {name: torch.randn(v.shape, generator=g) for name, v in noise.items()}
+    loss, probe = network_loss(agent, "critic", batch, noise)
+    other_loss, other_probe = network_loss(agent, "critic", batch, other)
+    with torch.no_grad():
+        per_example = loss(agent.critic, probe).view(1, M, -1)
+        update = agent.critic_step(batch, noise)[1]["loss/critic"]
+        assert not torch.allclose(other_loss(agent.critic, other_probe).view(1, M, -1), per_example)
+    torch.testing.assert_close(per_example.mean(-1).sum(1), update)
+    cfg = DiagnosticsConfig(histograms=False, per_layer=False)
+    first, second = (agent_diagnostics(agent, batch, n, cfg)["critic"].scalars for n in (noise, other))
+    features = [k for k in first if k.startswith(("features/", "dormant/", "active/"))]
+    assert features
+    for key in features:
+        torch.testing.assert_close(first[key], second[key], msg=key)
+    grads = [k for k in first if k.startswith("grad_rank/")]
+    assert grads and any(not torch.allclose(first[k], second[k]) for k in grads)

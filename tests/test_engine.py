@@ -12,8 +12,8 @@ import torch
 
 from conftest import named_noise
 from sac_spectral.agents import REDQ, SAC, TD3, ReplayBuffer
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.steps import BATCH, draw_shapes, intervenes
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 
 INTERVENTIONS = {

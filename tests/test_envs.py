@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-from conftest import TOY_ID
 
+from conftest import TOY_ID
 from sac_spectral.envs import EnvPool, UnknownEnvError, make_env
 
 

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import named_noise, reference_batch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, SAC
-from sac_spectral.agents.config import TrainConfig, run_tag
 from sac_spectral.agents.heads import CategoricalHead
+from sac_spectral.apps.rl.config import TrainConfig, run_tag
 from sac_spectral.apps.rl.train import main
 from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams

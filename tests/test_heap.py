@@ -32,7 +32,8 @@ print(json.dumps({"configured": configured, "faults": faults}))
 
 
 def _rounds(**env: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", ROUNDS], env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", ROUNDS], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

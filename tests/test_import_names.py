@@ -38,5 +38,6 @@ def test_train_runs_from_a_folder_with_its_own_agents_and_envs_packages(tmp_path
                 "progress=false", "threads=1", "run_dir=r"], cwd)
     assert run.returncode == 0, run.stderr
     assert json.loads((cwd / "r" / "summary.json").read_text())["steps"] == 300
-    probe = _run(["-c", "import agents, envs, sac_spectral.agents, sac_spectral.envs; print(agents.WHO, envs.WHO)"], cwd)
+    probe = _run(["-c", "import agents, envs, sac_spectral.agents, sac_spectral.envs; print(agents.WHO, envs.WHO)"],
+                 cwd)
     assert probe.stdout.strip() == "the user project agents the user project envs"

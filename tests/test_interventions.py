@@ -131,7 +131,8 @@ def test_shrink_perturb_noise_has_the_initializers_statistics():
     q = torch.linspace(0.01, 0.99, 99)
     bound = 1 / math.sqrt(300)
     assert lin.weight.abs().max() <= bound
-    torch.testing.assert_close(torch.quantile(lin.weight.detach(), q), torch.quantile(reference, q), rtol=0, atol=0.03 * bound)
+    torch.testing.assert_close(torch.quantile(lin.weight.detach(), q), torch.quantile(reference, q), rtol=0,
+                               atol=0.03 * bound)
 
 
 # ----------------------------------------------------------------------------- redo
@@ -222,8 +223,10 @@ def test_redo_on_a_conv_net_recycles_channels_and_their_flattened_outgoing_block
         assert torch.count_nonzero(opt.state[conv.weight][key][1]) == 0
         assert torch.count_nonzero(opt.state[lin.weight][key][:, 4:8]) == 0
     keep = [0, 2, 3]
-    assert torch.equal(conv.weight[keep], params["0.weight"][keep]) and torch.equal(conv.bias[keep], params["0.bias"][keep])
-    assert torch.equal(lin.weight[:, :4], params["3.weight"][:, :4]) and torch.equal(lin.weight[:, 8:], params["3.weight"][:, 8:])
+    assert torch.equal(conv.weight[keep], params["0.weight"][keep])
+    assert torch.equal(conv.bias[keep], params["0.bias"][keep])
+    assert torch.equal(lin.weight[:, :4], params["3.weight"][:, :4])
+    assert torch.equal(lin.weight[:, 8:], params["3.weight"][:, 8:])
     assert torch.equal(lin.bias, params["3.bias"])
     assert torch.equal(opt.state[conv.weight]["exp_avg"][keep], state["0.weight"]["exp_avg"][keep])
 
@@ -269,7 +272,8 @@ def test_reset_of_a_plain_torch_model_draws_torchs_default_initializer():
     q = torch.linspace(0.01, 0.99, 99)
     bound = 1 / math.sqrt(200)
     assert model[0].weight.abs().max() <= bound and model[0].bias.abs().max() <= bound
-    torch.testing.assert_close(torch.quantile(model[0].weight.detach(), q), torch.quantile(reference, q), rtol=0, atol=0.03 * bound)
+    torch.testing.assert_close(torch.quantile(model[0].weight.detach(), q), torch.quantile(reference, q), rtol=0,
+                               atol=0.03 * bound)
 
 
 # ----------------------------------------------------------------------------- every method, per member

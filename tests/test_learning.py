@@ -5,9 +5,8 @@ import json
 import pytest
 
 from conftest import SMALL
-
-from sac_spectral.runs.cli import run_cli
 from sac_spectral.apps.rl.train import main
+from sac_spectral.runs.cli import run_cli
 
 
 @pytest.mark.slow

@@ -37,8 +37,10 @@ sys.addaudithook(audit)
 """
 
 
-def _child(root: Path, code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``code`` (after ``from sac_spectral.core import native``) in a new process whose extension root is ``root``."""
+def _child(root: Path, code: str, env: dict[str, str] | None = None,
+           timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` (after ``from sac_spectral.core import native``) in a new process whose extension root is
+    ``root``."""
     environment = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "-c", "from sac_spectral.core import native\n" + code], cwd=ROOT,
                           env=environment, capture_output=True, text=True, timeout=timeout)
@@ -102,8 +104,8 @@ def test_a_lock_left_by_a_process_that_is_gone_fails_at_once(tmp_path, monkeypat
     lock.write_text(f"{gone.stdout.strip()} {socket.gethostname()}")
     proc = _child(tmp_path, "from sac_spectral.core import onednn, optim\n"
                             "print(native.load_from(native.build_directory(), timeout_s=600.0))", timeout=120)
-    assert f"held by process {gone.stdout.strip()}, which is gone; if no process is building the kernels, delete {lock}" \
-        in proc.stdout, proc.stdout + proc.stderr
+    assert (f"held by process {gone.stdout.strip()}, which is gone; if no process is building the kernels, "
+            f"delete {lock}" in proc.stdout), proc.stdout + proc.stderr
     assert proc.stderr == ""
 
 

@@ -95,7 +95,8 @@ def test_reset_last_layers_redraws_only_the_tail():
 
 
 def test_layer_views_cover_linear_conv_norm_and_mark_output():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LayerNorm(4 * 6 * 6), nn.Linear(4 * 6 * 6, 5), nn.Linear(5, 2))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LayerNorm(4 * 6 * 6), nn.Linear(4 * 6 * 6, 5),
+                          nn.Linear(5, 2))
     views = layer_views(model)
     assert [v.kind for v in views] == ["conv", "norm", "linear", "linear"]
     assert views[0].weight().shape == (1, 4, 27)

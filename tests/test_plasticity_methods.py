@@ -44,7 +44,8 @@ def _outputs(model, x):
 
 
 NETS = {
-    "mlp-multihead": lambda: (BatchedMLP(2, 5, [12, 10], (3, 2), activation="crelu", layer_norm=True), torch.randn(16, 5)),
+    "mlp-multihead": lambda: (BatchedMLP(2, 5, [12, 10], (3, 2), activation="crelu", layer_norm=True),
+                              torch.randn(16, 5)),
     "mlp-torch-init": lambda: (BatchedMLP(3, 5, [12, 10], 2, init="torch"), torch.randn(16, 5)),
     "sequential": lambda: (nn.Sequential(nn.Flatten(), nn.Linear(5, 12), nn.LayerNorm(12), nn.ReLU(), nn.Linear(12, 10),
                                          nn.ReLU(), nn.Linear(10, 3)), torch.randn(16, 5)),
@@ -97,7 +98,8 @@ def _reference(net, x, m, old, new, init, levels):
     first = n_hidden - (levels - 1)
 
     def layer(h, i, params):
-        w, b, g, s = params[f"layers.{i}.weight"][m], params[f"layers.{i}.bias"][m], params[f"norms.{i}.weight"][m], params[f"norms.{i}.bias"][m]
+        w, b = params[f"layers.{i}.weight"][m], params[f"layers.{i}.bias"][m]
+        g, s = params[f"norms.{i}.weight"][m], params[f"norms.{i}.bias"][m]
         return F.relu(F.layer_norm(F.linear(h, w, b), (w.shape[0],), g, s))
 
     h = x
@@ -132,7 +134,8 @@ def test_after_injection_only_the_new_head_trains_and_the_network_is_the_sum():
     for n, p in net.named_parameters():  # θ′ and the encoder train
         assert not torch.equal(p, at_injection[n]), n
     slots = [f"{n}" for n in names if n in head_names]
-    old = {**{n: p.detach() for n, p in net.named_parameters()}, **{n: reg.state[f"old{j}"] for j, n in enumerate(slots)}}
+    old = {**{n: p.detach() for n, p in net.named_parameters()},
+           **{n: reg.state[f"old{j}"] for j, n in enumerate(slots)}}
     init = {**old, **{n: reg.state[f"init{j}"] for j, n in enumerate(slots)}}
     new = {n: p.detach() for n, p in net.named_parameters()}
     out = _outputs(net, x)[0]
@@ -170,7 +173,8 @@ def _reference_delta(reg, x):
     """h_θtarget(x) − h_θ(x) with the same lower layers: the two frozen heads differ."""
     with torch.no_grad():
         h = x.unsqueeze(0).expand(2, -1, -1)
-        h = F.relu(torch.baddbmm(reg.module.layers[0].bias.unsqueeze(1), h, reg.module.layers[0].weight.transpose(1, 2)))
+        h = F.relu(torch.baddbmm(reg.module.layers[0].bias.unsqueeze(1), h,
+                                 reg.module.layers[0].weight.transpose(1, 2)))
         return reg.head.forward(h, reg._tensors("target_old"))[0] - reg.head.forward(h, reg._tensors("old"))[0]
 
 
@@ -247,13 +251,15 @@ def test_nap_keeps_the_projected_norms_constant(kind, layers):
         model, x = nn.Sequential(nn.Linear(5, 12), nn.LayerNorm(12), nn.ReLU(), nn.Linear(12, 10), nn.LayerNorm(10),
                                  nn.ReLU(), nn.Linear(10, 3)), torch.randn(16, 5)
     elif kind == "conv":
-        model, x = nn.Sequential(nn.Conv2d(2, 3, 3), nn.GroupNorm(1, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 3)), torch.randn(8, 2, 6, 6)
+        model, x = nn.Sequential(nn.Conv2d(2, 3, 3), nn.GroupNorm(1, 3), nn.ReLU(), nn.Flatten(),
+                                 nn.Linear(3 * 4 * 4, 3)), torch.randn(8, 2, 6, 6)
     else:
         model, x = NETS[kind]()
     reg = NaP(model, layers=layers)
     initial_w = [v.weight().detach().flatten(1).norm(dim=1) for v in reg.weights]
     initial_n = [torch.cat([t.detach() for t in v.tensors()], 1).norm(dim=1) for v in reg.norms]
-    assert reg.norms and all(torch.allclose(n, torch.full_like(n, n[0])) for n in initial_n)  # √features: gain 1, shift 0
+    assert reg.norms and all(torch.allclose(n,
+                                            torch.full_like(n, n[0])) for n in initial_n)  # √features: gain 1, shift 0
     free = [p for p in model.parameters() if all(p is not v.weight_param for v in reg.weights)]
     free_before = [p.detach().clone() for p in free]
     opt = torch.optim.Adam(model.parameters(), lr=5e-2)
@@ -263,7 +269,8 @@ def test_nap_keeps_the_projected_norms_constant(kind, layers):
         for view, n0 in zip(reg.weights, initial_w):
             torch.testing.assert_close(view.weight().detach().flatten(1).norm(dim=1), n0, rtol=1e-5, atol=0)
         for view, n0 in zip(reg.norms, initial_n):
-            torch.testing.assert_close(torch.cat([t.detach() for t in view.tensors()], 1).norm(dim=1), n0, rtol=1e-5, atol=0)
+            torch.testing.assert_close(torch.cat([t.detach() for t in view.tensors()], 1).norm(dim=1), n0, rtol=1e-5,
+                                       atol=0)
     assert any(not torch.equal(a, b) for a, b in zip(free, free_before))
     assert torch.all(reg.metrics()["growth"] > 1.0)  # Adam steps grow the weights; the projection takes it back
     out_weights = {id(v.weight_param) for v in reg.weights if v.is_output}
@@ -275,7 +282,7 @@ def test_nap_projection_is_the_formula_per_member():
     reg = NaP(net, layers="all")
     w0 = [layer.weight.detach().clone() for layer in (*net.layers, net.heads[0])]
     with torch.no_grad():
-        for i, layer in enumerate((*net.layers, net.heads[0])):
+        for layer in (*net.layers, net.heads[0]):
             layer.weight.mul_(torch.tensor([2.0, 0.5, 3.0]).view(3, 1, 1)).add_(0.1)
         net.norms[0].weight.mul_(4.0)
         net.norms[0].bias.add_(1.0)
@@ -301,7 +308,8 @@ def test_nap_without_normalization_tells_how_to_add_it(model):
     with pytest.raises(ConfigError) as err:
         build_regularizers(model, [{"name": "nap"}], "actor.regularizers")
     msg = str(err.value)
-    assert "layer_norm: true" in msg and "actor.layer_norm=true" in msg and "model.norm=layer" in msg and "\n" not in msg
+    assert "layer_norm: true" in msg and "actor.layer_norm=true" in msg and "model.norm=layer" in msg
+    assert "\n" not in msg
 
 
 # ----------------------------------------------------------------------------- cbp
@@ -417,7 +425,8 @@ def test_cbp_replaces_the_lowest_utility_mature_units_with_fresh_draws():
         assert reg.state["age0"][m, unit] == 0 and reg.state["utility0"][m, unit] == 0
         keep = [j for j in range(10) if j != unit]
         assert torch.equal(net.layers[0].weight[m, keep], params["layers.0.weight"][m, keep])
-        assert torch.equal(opt.state[net.layers[0].weight]["exp_avg"][m, keep], moments["layers.0.weight"]["exp_avg"][m, keep])
+        assert torch.equal(opt.state[net.layers[0].weight]["exp_avg"][m, keep],
+                           moments["layers.0.weight"]["exp_avg"][m, keep])
     assert int((reg.state["age0"] == 0).sum()) == 2 and int((reg.state["age1"] == 0).sum()) == 0
     for name in ("layers.1.bias", "heads.0.weight", "heads.0.bias"):
         assert torch.equal(dict(net.named_parameters())[name], params[name])
@@ -526,11 +535,11 @@ def test_load_policy_acts_with_an_injected_actors_frozen_branches(tmp_path):
     """An actor injected during training: the exported policy carries the injection (its hooks and
     frozen branches), so playing the last evaluation's episodes gives the returns it recorded."""
     import numpy as np
-    from conftest import SMALL
 
+    from conftest import SMALL
     from sac_spectral.apps.rl.policy import load_policy, play_episodes
-    from sac_spectral.runs.cli import run_cli
     from sac_spectral.apps.rl.train import main
+    from sac_spectral.runs.cli import run_cli
 
     rd = tmp_path / "injected"
     assert run_cli(main, [*SMALL, "env=dmc:cartpole-balance", "action_repeat=4", "total_steps=200", "random_steps=100",

@@ -156,7 +156,8 @@ def test_distance_from_init_per_member_and_through_a_checkpoint():
         for p in net.parameters():
             p[1] += torch.randn(p[1].shape, generator=g)
             p[2] += 0.5
-    loop = [math.sqrt(sum(((p - q) ** 2).sum().item() for p, q in zip(member_linear_params(net, m), [t[m] for t in init.params.values()])))
+    loop = [math.sqrt(sum(((p - q) ** 2).sum().item() for p,
+                          q in zip(member_linear_params(net, m), [t[m] for t in init.params.values()])))
             for m in range(3)]
     got = init.distance(net)
     assert got[0].item() == 0.0
@@ -208,7 +209,8 @@ def test_effective_lr_of_a_real_adam_step_matches_the_formula(members):
     steps = [-3e-3 * g / (g.abs() + 1e-8) for g in grads]
     if members == 1:
         steps, theta0 = [s.unsqueeze(0) for s in steps], [t.unsqueeze(0) for t in theta0]
-    expected = [math.sqrt(sum((s[m] ** 2).sum().item() for s in steps)) / math.sqrt(sum((t[m] ** 2).sum().item() for t in theta0))
+    expected = [math.sqrt(sum((s[m] ** 2).sum().item() for s in steps))
+                / math.sqrt(sum((t[m] ** 2).sum().item() for t in theta0))
                 for m in range(members)]
     assert got.shape == (members,)
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32), rtol=1e-4, atol=0)
@@ -282,8 +284,10 @@ def test_update_probe_on_a_sac_update_changes_nothing_and_reads_the_update():
     assert out["churn/actor"].shape == (2,) and out["churn/critic"].shape == (4,)   # seeds, seeds × twin critics
     assert (out["grads/critic/norm"] > 0).all() and (out["churn/critic"] > 0).all()
     torch.testing.assert_close(out["grads/critic/norm"], grad_norm(agent.critic))
-    torch.testing.assert_close(out["weights/critic/effective_lr"], critic_before.distance(agent.critic) / critic_before.norm())
-    torch.testing.assert_close(out["churn/critic"], (agent.critic(probes["critic"][1]) - q_before).abs().mean(dim=(1, 2)))
+    torch.testing.assert_close(out["weights/critic/effective_lr"],
+                               critic_before.distance(agent.critic) / critic_before.norm())
+    torch.testing.assert_close(out["churn/critic"],
+                               (agent.critic(probes["critic"][1]) - q_before).abs().mean(dim=(1, 2)))
     with pytest.raises(RuntimeError, match="before"):
         probes["critic"][0].after()
 

@@ -14,16 +14,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import SMALL
 
+from conftest import SMALL
+from sac_spectral.apps.rl.policy import load_policy, play_episodes
+from sac_spectral.apps.rl.train import main as train_main
 from sac_spectral.core.config import ConfigError
 from sac_spectral.envs.evaluate import eval_seed
-from sac_spectral.apps.rl.policy import load_policy, play_episodes
 from sac_spectral.runs.checkpoint import CheckpointError, save_checkpoint
 from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
 from sac_spectral.runs.video import library_loads
-from sac_spectral.apps.rl.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 # 250 agent steps per episode (DMC's 1000 at action repeat 4); two seeds to test seed_index
@@ -228,7 +228,8 @@ def test_training_records_evaluation_videos_to_files_and_tensorboard(tmp_path):
 
 
 def test_video_every_is_a_multiple_of_eval_every(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sac_spectral.train", *TINY, "video_every=300", f"run_dir={tmp_path / 'r'}"],
+    out = subprocess.run([sys.executable, "-m", "sac_spectral.train", *TINY, "video_every=300",
+                          f"run_dir={tmp_path / 'r'}"],
                          capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert out.returncode == 2 and "video_every" in out.stderr and "multiple of eval_every (200)" in out.stderr
@@ -289,7 +290,8 @@ def test_play_replaces_a_video_file_and_writes_through_a_link_saying_so(run_dir,
     link.symlink_to(target)
     out = play(run_dir, "--episodes", "1", "--video", link, "--video-size", "32x32")
     assert out.returncode == 0, out.stderr
-    assert f"(video: {link}, a link to {os.path.realpath(target)}, 251 frames" in out.stdout and "replaced the existing file)" in out.stdout
+    assert f"(video: {link}, a link to {os.path.realpath(target)}, 251 frames" in out.stdout
+    assert "replaced the existing file)" in out.stdout
     assert link.is_symlink() and link.resolve() == target
     assert len(_gif_frames(target) if suffix == ".gif" else _mp4_frames(target)) == 251
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([old.name, target.name, link.name])
@@ -420,7 +422,8 @@ def test_load_policy_takes_any_integral_seed_index_and_refuses_others(run_dir):
     assert load_policy(run_dir, seed_index=np.int64(1)).seed_index == 1
     assert load_policy(run_dir, seed_index=np.uint8(0)).seed_index == 0
     for bad in (True, "0", 1.0, None):
-        with pytest.raises(ConfigError, match=r"^seed index .* is not an integer: the run has 2 seeds \(indices 0..1\)$"):
+        with pytest.raises(ConfigError,
+                           match=r"^seed index .* is not an integer: the run has 2 seeds \(indices 0..1\)$"):
             load_policy(run_dir, seed_index=bad)
     with pytest.raises(ConfigError, match=r"^seed index -1 is out of range: the run has 2 seeds \(indices 0..1\)$"):
         load_policy(run_dir, seed_index=np.int64(-1))
@@ -467,21 +470,21 @@ def test_a_failed_render_is_one_error_without_a_teardown_report(monkeypatch):
 def test_a_bf16_run_plays_and_is_diagnosed_on_a_cpu_without_bf16(tmp_path, monkeypatch):
     """A run trained with precision=bf16 loads for acting and diagnosing where the CPU has no bf16
     matmuls (faked): neither uses bf16, and only training refuses it."""
-    import sac_spectral.agents.config as agent_config
+    import sac_spectral.apps.rl.config as run_config
     from sac_spectral.apps.rl.diagnose import load_run
     from sac_spectral.apps.rl.policy import load_policy
     from sac_spectral.core.config import merge_sources
     from sac_spectral.runs.cli import run_cli
     from sac_spectral.train import main
 
-    if agent_config.cpu_bf16() is False:
+    if run_config.cpu_bf16() is False:
         pytest.skip("this CPU cannot train the bf16 run")
     rd = tmp_path / "bf16"
     assert run_cli(main, [*SMALL, "env=dmc:cartpole-balance", "total_steps=120", "random_steps=100", "eval_every=0",
                           "precision=bf16", "threads=1", f"run_dir={rd}"]) == 0
-    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: False)
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: False)
     with pytest.raises(ConfigError, match="bf16"):
-        merge_sources(agent_config.TrainConfig, {"precision": "bf16"})
+        merge_sources(run_config.TrainConfig, {"precision": "bf16"})
     policy = load_policy(rd)
     assert policy.act([0.0] * policy.obs_dim).shape == (policy.act_dim,)
     cfg, agent, _, _ = load_run(rd)

@@ -121,7 +121,8 @@ def test_asking_for_a_broken_plugins_kind_is_a_one_line_error_that_says_why(brok
     done = run(broken, tmp_path, "sac_spectral.report", str(run_dir), "--out", "report")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.splitlines()[-1]
-    assert last.startswith("error: run kind 'notkind' is unavailable: the plug-in dict_mod:KIND (package brokenpkg 0.1)")
+    assert last.startswith("error: run kind 'notkind' is unavailable: "
+                           "the plug-in dict_mod:KIND (package brokenpkg 0.1)")
     assert last.endswith(BROKEN["notkind"][1])
 
 
@@ -139,7 +140,8 @@ def test_a_plugin_cannot_replace_a_built_in_kind(tmp_path):
     point: the report reads the runs as the built-in kind, and each attempt is one warning line."""
     plugins = install(tmp_path / "plugins", "evil", "[sac_spectral.run_kinds]\ntrain = evil_mod:KIND\n"
                       "alias = evil_mod:ALIAS\n", {"evil_mod": EVIL})
-    done = run(plugins, tmp_path, "sac_spectral.report", str(rl_runs(tmp_path / "runs")), "--out", "out", "--reps", "20")
+    done = run(plugins, tmp_path, "sac_spectral.report", str(rl_runs(tmp_path / "runs")), "--out", "out", "--reps",
+               "20")
     assert done.returncode == 0, done.stderr
     assert "Kind: RL (sac_spectral.train)" in (tmp_path / "out" / "report.md").read_text()
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: sac_spectral.run_kinds")]
@@ -170,8 +172,10 @@ def test_load_entry_points_registers_what_loads_and_returns_why_the_rest_did_not
     broken = load_entry_points(group, register)
     assert found == {"good": "a good widget", "shared": "a good widget"}
     assert set(broken) == {"refused", "gone"}
-    assert "widgets_a:BAD (package apkg 0.1)" in broken["refused"] and "TypeError: expected a widget, got int" in broken["refused"]
+    assert "widgets_a:BAD (package apkg 0.1)" in broken["refused"]
+    assert "TypeError: expected a widget, got int" in broken["refused"]
     assert "AttributeError" in broken["gone"] and "\n" not in broken["gone"]
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 3 and all(line.startswith(f"warning: {group}: ") for line in err), err
-    assert any("widgets_b:OTHER (package bpkg 0.1)" in line and "widgets_a:GOOD (package apkg 0.1)" in line for line in err)
+    assert any("widgets_b:OTHER (package bpkg 0.1)" in line and "widgets_a:GOOD (package apkg 0.1)" in line
+               for line in err)

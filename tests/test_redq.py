@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import reference_batch, named_noise
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, REDQ, ReplayBuffer
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents.redq import random_subset
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.config import ConfigError, from_dict
 from sac_spectral.core.seeding import SeedStreams
 
@@ -30,8 +30,8 @@ def _config() -> TrainConfig:
 
 def _params(net, member, heads):
     layers = list(net.layers) + [net.heads[h] for h in heads]
-    return [(l.weight[member].detach().clone().requires_grad_(), l.bias[member].detach().clone().requires_grad_())
-            for l in layers]
+    return [(lin.weight[member].detach().clone().requires_grad_(), lin.bias[member].detach().clone().requires_grad_())
+            for lin in layers]
 
 
 def _trunk(params, x):
@@ -92,7 +92,8 @@ class Reference:
         if self.it % self.cfg.redq.policy_delay:
             return
         act, logp = self.pi(s, eps[1])
-        mean_q = torch.stack([self.q([(w.detach(), b.detach()) for w, b in c], s, act) for c in self.critics]).mean(dim=0)
+        mean_q = torch.stack([self.q([(w.detach(), b.detach()) for w, b in c], s,
+                                     act) for c in self.critics]).mean(dim=0)
         actor_loss = (alpha * logp - mean_q).mean()
         self.actor_opt.zero_grad()
         actor_loss.backward()
@@ -121,7 +122,8 @@ def test_update_equals_the_papers_equations_after_three_updates():
     pairs = [(_params(agent.actor, 0, (0, 1)), ref.actor)]
     pairs += [(_params(agent.critic, j, (0,)), ref.critics[j]) for j in range(N)]
     pairs += [(_params(agent.target_critic, j, (0,)), ref.targets[j]) for j in range(N)]
-    worst = max((o - t).abs().max().item() for ours, theirs in pairs for ow, tw in zip(ours, theirs) for o, t in zip(ow, tw))
+    worst = max((o - t).abs().max().item() for ours, theirs in pairs for ow, tw in zip(ours, theirs) for o,
+                t in zip(ow, tw))
     worst = max(worst, abs(agent.log_alpha.item() - ref.log_alpha.item()))
     assert worst < 1e-6, worst
     assert agent.log_alpha.item() != math.log(cfg.alpha.init)  # the actor and temperature stepped
@@ -136,7 +138,8 @@ def test_the_random_subsets_are_uniform():
     assert torch.allclose(counts, torch.full((N,), M / N, dtype=torch.float64), atol=0.015)
 
 
-@pytest.mark.parametrize("options", [{"critic": {"num_critics": 1}}, {"critic": {"num_critics": 3}, "redq": {"num_min": 5}}])
+@pytest.mark.parametrize("options",
+                         [{"critic": {"num_critics": 1}}, {"critic": {"num_critics": 3}, "redq": {"num_min": 5}}])
 def test_a_subset_larger_than_the_ensemble_is_refused(options):
     with pytest.raises(ConfigError, match=r"^redq\.num_min: must be <= critic\.num_critics"):
         from_dict(TrainConfig, {"agent": "redq", **options})

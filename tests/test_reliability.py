@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SMALL
 
+from conftest import SMALL
 from sac_spectral.apps.continual import runner as continual
 from sac_spectral.apps.rl import diagnose, train
+from sac_spectral.apps.rl.run import missing_compiler
 from sac_spectral.core import sizes
 from sac_spectral.core.config import ConfigError, read_yaml
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.apps.rl.run import missing_compiler
 from sac_spectral.runs import checkpoint, cli, layout, memory, rundir
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
 from sac_spectral.runs.cli import run_cli
@@ -253,11 +253,14 @@ def test5_a_binary_config_file_is_one_line(tmp_path, capsys, tool):
 # ----------------------------------------------------------------------------- 6, 7: values and seeds
 @pytest.mark.parametrize("tool, override, fragment", [
     (T, "critic.lr=inf", "critic.lr: must be a finite number"), (T, "alpha.init=inf", "alpha.init: must be a finite"),
-    (T, "alpha.lr=.inf", "alpha.lr: must be a finite"), (T, "actor.log_std_max=inf", "actor.log_std_max: must be a finite"),
+    (T, "alpha.lr=.inf", "alpha.lr: must be a finite"), (T, "actor.log_std_max=inf",
+                                                         "actor.log_std_max: must be a finite"),
     (T, "alpha.target_entropy_scale=nan", "target_entropy_scale: must be a finite"),
-    (T, "replay_ratio=inf", "replay_ratio: must be a finite"), (T, "replay_ratio=1e400", "replay_ratio: must be a finite"),
+    (T, "replay_ratio=inf", "replay_ratio: must be a finite"), (T, "replay_ratio=1e400",
+                                                                "replay_ratio: must be a finite"),
     (T, "critic.regularizers=[{name: spectral, coef: .nan}]", "coef: must be a finite"),
-    (C, "optimizer.lr=inf", "optimizer.lr: must be a finite"), (C, "optimizer.eps=nan", "optimizer.eps: must be a finite"),
+    (C, "optimizer.lr=inf", "optimizer.lr: must be a finite"), (C, "optimizer.eps=nan",
+                                                                "optimizer.eps: must be a finite"),
     (C, "optimizer.eps=-1", "optimizer.eps: must be >= 0"),
     (T, "seed=-1", "seed: seeds must lie in [0, 2147483647]"), (T, "seed=1e20", "seed: seeds must lie in"),
     (C, "seed=-1", "seed: must lie in [0, "), (C, "seed=1e20", "seed: must lie in"),
@@ -311,7 +314,7 @@ def test8_estimates_match_the_allocations_they_count():
     from sac_spectral.supervised.models import build_model
 
     for name, shape in [("mlp", (1, 8, 8)), ("cnn", (3, 16, 16)), ("vit", (3, 16, 16)), ("resnet18", (3, 16, 16))]:
-        params, acts = sizes.model_size(lambda: build_model(name, shape, 10, 16, 2), shape)
+        params, acts = sizes.model_size(lambda name=name, shape=shape: build_model(name, shape, 10, 16, 2), shape)
         assert params == sum(p.numel() for p in build_model(name, shape, 10, 16, 2).parameters())
         assert acts > 0
 
@@ -442,10 +445,13 @@ def _mnist(root: Path, train_labels: int = 20) -> Path:
 
 
 @pytest.mark.parametrize("damage, fragment", [
-    (lambda d: (d / "train-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3, 0, 0])), "train-images-idx3-ubyte: truncated IDX header"),
-    (lambda d: ((d / "train-labels-idx1-ubyte").unlink(), (d / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8bgarbage")),
+    (lambda d: (d / "train-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3, 0, 0])),
+     "train-images-idx3-ubyte: truncated IDX header"),
+    (lambda d: ((d / "train-labels-idx1-ubyte").unlink(),
+                (d / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8bgarbage")),
      "train-labels-idx1-ubyte.gz: not a readable gzip file"),
-    (lambda d: (d / "train-labels-idx1-ubyte").write_bytes(_idx([10])), "[20, 4, 4] images and train-labels-idx1-ubyte [10] labels"),
+    (lambda d: (d / "train-labels-idx1-ubyte").write_bytes(_idx([10])),
+     "[20, 4, 4] images and train-labels-idx1-ubyte [10] labels"),
     (lambda d: (d / "train-labels-idx1-ubyte").write_bytes(_idx([20], 0x09, 0xFF)), "negative label (-1)"),
 ])
 def test12_corrupt_dataset_files_are_one_line_naming_the_file(tmp_path, capsys, damage, fragment):
@@ -475,7 +481,8 @@ def test12_damaged_cifar_and_svhn_files_name_the_file(tmp_path):
 
 # ----------------------------------------------------------------------------- 13: diagnose options
 @pytest.mark.parametrize("option, fragment", [
-    (["--threads", "-1"], "--threads: -1 is out of range; valid: 1 to"), (["--threads", "0"], "--threads: 0 is out of range"),
+    (["--threads", "-1"], "--threads: -1 is out of range; valid: 1 to"),
+    (["--threads", "0"], "--threads: 0 is out of range"),
     (["--tau", "nan"], "--tau: must be a finite number"), (["--batch-size", "1"], "--batch-size: must be >= 2"),
 ])
 def test13_bad_diagnose_options_are_one_line(rl_run, capsys, option, fragment):
@@ -581,7 +588,8 @@ def test17_overrides_before_and_after_config_and_resume(rl_run, tmp_path):
     assert T("seed=5", *RL[:4], "--config", cfg, *RL[4:], f"run_dir={rd}") == 0
     saved = read_yaml(rd / "config.yaml")
     assert saved["total_steps"] == 60 and saved["seed"] == 5 and saved["env"] == "dmc:cartpole-balance"
-    assert C("seed=1", "--config", ROOT / "run_configs" / "continual_default.yaml", *CL, f"run_dir={tmp_path / 'c'}") == 0
+    assert C("seed=1", "--config", ROOT / "run_configs" / "continual_default.yaml", *CL,
+             f"run_dir={tmp_path / 'c'}") == 0
     assert T("total_steps=160", "--resume", rl_run) == 0
 
 
@@ -653,7 +661,7 @@ def test_checkpoint_errors_are_one_line_config_errors(tmp_path):
     assert issubclass(CheckpointError, ConfigError)
 
 
-# ----------------------------------------------------------------------------- issue 29: runs stopped early, finished, untrained
+# ---------------------------------------------------------------- issue 29: runs stopped early, finished, untrained
 def _kill_after_two_evaluations(rd: Path) -> None:
     """kill -9 a run (the real CLI) once evals.csv holds two evaluations and before any checkpoint,
     as a crash between the default first evaluation (10 k) and first checkpoint (25 k) does."""
@@ -707,7 +715,8 @@ def test29_1_one_definition_of_what_a_run_writes_before_its_first_checkpoint(fin
 @pytest.mark.parametrize("cxx", ["/nonexistent/g++", ""], ids=["missing", "empty"])
 def test29_2_compile_without_a_compiler_runs_eager_and_says_so_in_one_line(tmp_path, cxx):
     rd = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "sac_spectral.train", *RL, "compile=true", "total_steps=60", f"run_dir={rd}"],
+    proc = subprocess.run([sys.executable, "-m", "sac_spectral.train", *RL, "compile=true", "total_steps=60",
+                           f"run_dir={rd}"],
                           cwd=ROOT, env={**os.environ, "CXX": cxx}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     notes = [line for line in proc.stderr.splitlines() if "compile" in line and not line.startswith(START_LINES)]

@@ -6,7 +6,8 @@ from sac_spectral.agents.replay import ReplayBuffer
 def _fill(buf, n, offset=0):
     for i in range(offset, offset + n):
         v = float(i)
-        buf.add(torch.full((2, 3), v), torch.full((2, 1), v), torch.full((2,), v), torch.full((2, 3), v + 0.5), torch.zeros(2))
+        buf.add(torch.full((2, 3), v), torch.full((2, 1), v), torch.full((2,), v), torch.full((2, 3), v + 0.5),
+                torch.zeros(2))
 
 
 def test_sampling_stays_in_the_filled_part():

@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import SMALL, TOY_ID
 
+from conftest import SMALL, TOY_ID
 from sac_spectral.apps.continual.runner import main as continual_main
-from sac_spectral.runs.cli import run_cli
 from sac_spectral.apps.rl.kind import COLUMNS as RL_COLUMNS
+from sac_spectral.apps.rl.train import main as train_main
+from sac_spectral.runs.cli import run_cli
 from sac_spectral.runs.evals import append_rows, read_evals
 from sac_spectral.runs.kinds import RunKind, config_header, get_kind, kind_names, register_kind
 from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.studies import report, results
-from sac_spectral.apps.rl.train import main as train_main
 
 rliable_library = pytest.importorskip("rliable.library")
 from rliable import metrics  # noqa: E402
@@ -44,7 +44,8 @@ def test_append_drops_rows_at_or_after_the_new_key_and_a_cut_off_line(tmp_path):
         f.write("40,0,,1.5")  # a kill in the middle of a line
     append_rows(path, RL_COLUMNS, [{"step": 20, "seed": s, "return": -1.0} for s in (0, 1)])
     rows = read_evals(tmp_path)
-    assert [(r["step"], r["seed"], r["return"]) for r in rows] == [(10, 0, 10.0), (10, 1, 10.1), (20, 0, -1.0), (20, 1, -1.0)]
+    assert [(r["step"], r["seed"], r["return"]) for r in rows] == [(10, 0, 10.0), (10, 1, 10.1), (20, 0, -1.0),
+                                                                     (20, 1, -1.0)]
     assert rows[0]["updates"] is None and isinstance(rows[0]["step"], int)
 
 
@@ -53,7 +54,8 @@ def test_an_evals_csv_written_before_a_column_keeps_its_rows_when_appended_to(tm
     path = tmp_path / "evals.csv"
     old = [c for c in RL_COLUMNS if c != "warmup"]
     path.write_text(",".join(old) + "\n" + "".join(f"{s},0,{s},{s / 10},1,0.5,t,0\n" for s in (10, 20)))
-    append_rows(path, RL_COLUMNS, [{"step": 20, "seed": 0, "updates": 20, "return": 9.0, "task": "t", "stage": 0, "warmup": 0}])
+    append_rows(path, RL_COLUMNS,
+                [{"step": 20, "seed": 0, "updates": 20, "return": 9.0, "task": "t", "stage": 0, "warmup": 0}])
     assert path.read_text().splitlines()[0] == ",".join(RL_COLUMNS)
     rows = read_evals(tmp_path)
     assert [(r["step"], r["return"], r["task"], r["warmup"]) for r in rows] == [(10, 1.0, "t", None), (20, 9.0, "t", 0)]
@@ -146,7 +148,8 @@ def test_statistics_equal_rliable_on_the_same_arrays(known):
         per_step = np.array([metrics.aggregate_iqm(scores[m][..., k]) for k in range(len(STEPS))])
         np.testing.assert_allclose(st["curve_point"][m], per_step, rtol=1e-12)
         taus = st["taus"]
-        np.testing.assert_array_equal(report.profile(final[m], taus), rliable_library.score_distributions(final[m], taus))
+        np.testing.assert_array_equal(report.profile(final[m], taus),
+                                      rliable_library.score_distributions(final[m], taus))
     poi_point, poi_ci = rliable_estimates({"spectral;sac": (final["spectral"], final["sac"])},
                                           metrics.probability_of_improvement)
     assert st["poi_point"]["spectral;sac"] == pytest.approx(poi_point["spectral;sac"], rel=1e-12)
@@ -275,7 +278,8 @@ def test_ragged_runs_are_cut_to_common_steps_and_seeds(tmp_path):
 def test_loose_runs_are_grouped_by_the_keys_in_which_they_differ(tmp_path):
     for reg, level in (([], 0.2), ([{"name": "spectral", "coef": 1e-3}], 0.6)):
         for seed in (0, 1):
-            cfg = {"env": "dmc:cheetah-run", "seed": seed, "run_dir": f"x{seed}", "critic": {"regularizers": reg, "lr": 3e-4}}
+            cfg = {"env": "dmc:cheetah-run", "seed": seed, "run_dir": f"x{seed}",
+                   "critic": {"regularizers": reg, "lr": 3e-4}}
             make_run(tmp_path / "runs" / f"{len(reg)}_{seed}", cfg, [(1000, seed, 1000 * (level + seed / 100))])
     study = results.load([str(tmp_path / "runs")])
     assert "critic.regularizers" in study.grouping and "critic.lr" not in study.grouping
@@ -290,13 +294,15 @@ def test_priming_diagnostics_per_method_with_the_largest_sigma(tmp_path):
     def summary(values: dict, phase_scale: float, seeds: int) -> dict:
         return {k: [v * phase_scale + i for i in range(seeds)] for k, v in values.items()}
 
-    base = {"grad_rank/critic/erank": 100.0, "spectral/critic/layer0/sigma_max": 1.5, "spectral/critic/layer1/sigma_max": 2.0}
+    base = {"grad_rank/critic/erank": 100.0, "spectral/critic/layer0/sigma_max": 1.5,
+            "spectral/critic/layer1/sigma_max": 2.0}
     for name, seeds in (("a", 2), ("b", 1)):
         make_run(tmp_path / "runs" / name, {"env": "dmc:cheetah-run", "seed": 0, "priming": {"updates": 10}},
                  [(1000, s, 100.0) for s in range(seeds)])
         (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(
             {"priming": {"before": summary(base, 1.0, seeds), "after": summary(base, 0.5, seeds)}}))
-    make_run(tmp_path / "runs" / "c", {"env": "dmc:cheetah-run", "seed": 0, "priming": {"updates": 0}}, [(1000, 0, 1.0)])
+    make_run(tmp_path / "runs" / "c", {"env": "dmc:cheetah-run", "seed": 0, "priming": {"updates": 0}},
+             [(1000, 0, 1.0)])
     got = results.priming_diagnostics(results.load([str(tmp_path / "runs")]))
     assert list(got) == ["priming.updates=10"]
     d = got["priming.updates=10"]
@@ -315,7 +321,8 @@ def test_priming_predictors_pair_each_seed_with_its_final_score_and_rank_correla
         make_run(tmp_path / "runs" / name, {"env": "dmc:cheetah-run", "seed": min(per_seed), "priming": {"updates": 10},
                                             "critic": {"lr": 1e-3 if name == "a" else 3e-4}},
                  [(step, seed, ret * step / 2000) for seed, ret in per_seed.items() for step in (1000, 2000)])
-        after = {"grad_rank/critic/erank": [per_seed[s] / 100 for s in seeds], "churn/critic": [-per_seed[s] for s in seeds]}
+        after = {"grad_rank/critic/erank": [per_seed[s] / 100 for s in seeds],
+                 "churn/critic": [-per_seed[s] for s in seeds]}
         (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(
             {"seeds": seeds, "priming": {"before": after, "after": after}}))
     study = results.load([str(tmp_path / "runs")])
@@ -343,8 +350,10 @@ def test_merged_sweeps_name_a_baseline_by_its_method(tmp_path, capsys):
     """Merged sweeps name methods ``<sweep>/<method>``: ``--baseline sac`` names the one ending so,
     and a name that two sweeps share is refused, listing both."""
     rng = np.random.default_rng(1)
-    make_sweep(tmp_path / "first", {"sac": rng.random((2, 1, 2)), "spectral": rng.random((2, 1, 2))}, TASKS[:1], [1000, 2000])
-    make_sweep(tmp_path / "second", {"spectral": rng.random((2, 1, 2)), "cbp": rng.random((2, 1, 2))}, TASKS[:1], [1000, 2000])
+    make_sweep(tmp_path / "first", {"sac": rng.random((2, 1, 2)), "spectral": rng.random((2, 1, 2))}, TASKS[:1],
+               [1000, 2000])
+    make_sweep(tmp_path / "second", {"spectral": rng.random((2, 1, 2)), "cbp": rng.random((2, 1, 2))}, TASKS[:1],
+               [1000, 2000])
     dirs = [str(tmp_path / "first"), str(tmp_path / "second")]
     out = tmp_path / "out"
     assert run_cli(report.main, [*dirs, "--out", str(out), "--reps", "50", "--baseline", "sac"]) == 0
@@ -414,9 +423,11 @@ def test_a_kind_registered_by_other_code_is_read_and_reported_with_its_own_colum
             for seed in range(3):
                 run_dir = tmp_path / f"{method}_s{seed}"
                 run_dir.mkdir()
-                (run_dir / "config.yaml").write_text(config_header("coinflip") + yaml.safe_dump({"coin": "euro", "bias": bias, "seed": seed}))
+                config = {"coin": "euro", "bias": bias, "seed": seed}
+                (run_dir / "config.yaml").write_text(config_header("coinflip") + yaml.safe_dump(config))
                 for r in range(1, 5):
-                    append_rows(run_dir / "evals.csv", kind.columns, [{"round": r, "seed": seed, "heads": bias + 0.01 * seed}])
+                    append_rows(run_dir / "evals.csv", kind.columns,
+                                [{"round": r, "seed": seed, "heads": bias + 0.01 * seed}])
         study = results.load([str(tmp_path)])
         assert study.kind is kind and study.normalized
         al = results.align(study)
@@ -424,7 +435,8 @@ def test_a_kind_registered_by_other_code_is_read_and_reported_with_its_own_colum
         np.testing.assert_allclose(sorted(final[m].mean() for m in al.methods), [0.51, 0.91])
         assert run_cli(report.main, [str(tmp_path), "--reps", "50", "--out", str(tmp_path / "out")]) == 0
         text = (tmp_path / "out" / "report.md").read_text()
-        assert "Kind: coin flips (coinflip.run); score: fraction of heads; final score: the mean over the last 2" in text
+        assert ("Kind: coin flips (coinflip.run); score: fraction of heads; "
+                "final score: the mean over the last 2") in text
     finally:
         from sac_spectral.runs import kinds
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from sac_spectral.runs.kinds import get_kind
-from sac_spectral.runs.cli import run_cli
 from sac_spectral.apps.rl.kind import COLUMNS as RL_COLUMNS
+from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.kinds import get_kind
 from sac_spectral.studies import report, results
 
 pytest.importorskip("rliable")
@@ -206,7 +206,8 @@ def test_a_diagnostic_one_seed_lacks_is_named_as_missing(tmp_path, capsys):
     assert report_of(root, tmp_path, "--diagnostics", "churn/critic") == 0
     md = (tmp_path / "out" / "report.md").read_text()
     cut = md.split("## What was cut or missing", 1)[1].split("##", 1)[0]
-    assert f"- `churn/critic`: {root.name} lacks it for seed 1 ({root / 's1'}); its cell uses the other seeds" in cut, cut
+    assert (f"- `churn/critic`: {root.name} lacks it for seed 1 ({root / 's1'}); "
+            "its cell uses the other seeds") in cut, cut
     assert "0.25 (1 seed, no CI)" in md.split("## Diagnostics", 1)[1].split("##", 1)[0]
 
 
@@ -226,7 +227,8 @@ def study_figures(tmp_path: Path, scale: float, low: float) -> dict:
             u = rng.uniform(0, 0.7, 3)
             for m, shift in (("sac", 0.0), ("spectral", 0.3), ("copy", 0.0)):
                 returns = 1000 * (low + scale * (u + shift))
-                run = make_run(root / m / task / f"s{seed}", task, seed, list(zip((1000, 2000, 3000), returns.tolist())))
+                run = make_run(root / m / task / f"s{seed}", task, seed,
+                               list(zip((1000, 2000, 3000), returns.tolist())))
                 cfg = yaml.safe_load((run / "config.yaml").read_text())
                 (run / "config.yaml").write_text(yaml.safe_dump({**cfg, "method": m}))
     from sac_spectral.studies.figures import build_figures
@@ -249,7 +251,8 @@ def test_figures_tick_labels_do_not_overlap_at_any_scale(tmp_path, scale, low):
             renderer = fig.canvas.get_renderer()
             for ax in fig.axes:
                 for axis in (ax.xaxis, ax.yaxis):
-                    assert not overlaps(axis.get_ticklabels(), renderer), (name, overlaps(axis.get_ticklabels(), renderer))
+                    clashes = overlaps(axis.get_ticklabels(), renderer)
+                    assert not clashes, (name, clashes)
                 assert not overlaps([*ax.xaxis.get_ticklabels(), ax.xaxis.label], renderer), name
                 assert len([t for t in ax.xaxis.get_ticklabels() if t.get_text()]) <= 7, name
             if name == "final_scores.png":

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import named_noise
 from sac_spectral.agents import SAC, TD3
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.layers import layer_views
 from sac_spectral.core.residual import ResidualNet, RunningNorm, make_network
 from sac_spectral.core.seeding import SeedStreams
@@ -35,7 +35,8 @@ def _reference(net, m, x):
     if net.arch == "bronet":
         h = F.relu(_ln(net.embed_norm, m, _lin(net.embed, m, x)))
         for b in net.blocks:
-            h = h + _ln(b["norm_out"], m, _lin(b["linear_out"], m, F.relu(_ln(b["norm_in"], m, _lin(b["linear_in"], m, h)))))
+            h = h + _ln(b["norm_out"], m,
+                        _lin(b["linear_out"], m, F.relu(_ln(b["norm_in"], m, _lin(b["linear_in"], m, h)))))
     else:
         x = (x - net.input_norm.mean[m]) / torch.sqrt(net.input_norm.var[m] + 1e-8)
         h = _lin(net.embed, m, x)
@@ -63,7 +64,8 @@ def test_each_member_is_the_papers_network(arch):
 
 @pytest.mark.parametrize("arch", ["bronet", "simba"])
 def test_member_i_is_the_single_network_of_its_generator(arch):
-    batched, single = _net(arch), make_network(arch, 1, IN, [W] * 3, (2, 3), generators=[torch.Generator().manual_seed(11)])
+    batched, single = _net(arch), make_network(arch, 1, IN, [W] * 3, (2, 3),
+                                               generators=[torch.Generator().manual_seed(11)])
     x = torch.randn(5, IN)
     assert all(torch.equal(b[1], s[0]) for b, s in zip(batched(x), single(x)))
 

@@ -11,7 +11,7 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 from conftest import named_noise
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig, tanh_gaussian
 from sac_spectral.agents.compiled import COMPILE_MINUTES
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer
 
@@ -147,7 +147,8 @@ def _paired_buffers(seeds, obs=5, act=2, n=64, vary_seed0=False):
     g = torch.Generator().manual_seed(0)
     buf = ReplayBuffer(n, obs, act, seeds)
     for _ in range(n):
-        row = [torch.randn(seeds, obs, generator=g), torch.rand(seeds, act, generator=g), torch.randn(seeds, generator=g),
+        row = [torch.randn(seeds, obs, generator=g), torch.rand(seeds, act, generator=g),
+               torch.randn(seeds, generator=g),
                torch.randn(seeds, obs, generator=g), torch.zeros(seeds)]
         if vary_seed0:
             row[2] = row[2] + torch.tensor([1.0] + [0.0] * (seeds - 1))
@@ -206,7 +207,8 @@ def test_bf16_keeps_fp32_state_and_tracks_fp32_losses():
 
 def _linear_pairs(agent):
     nets = (agent.actor, agent.critic, agent.target_critic)
-    return [(p, q) for net in nets for m in net.modules() if getattr(m, "low", None) is not None for p, q in zip((m.weight, m.bias), m.low[:2])]
+    return [(p, q) for net in nets for m in net.modules() if getattr(m, "low", None) is not None for p,
+            q in zip((m.weight, m.bias), m.low[:2])]
 
 
 def test_bf16_copies_follow_the_masters_after_updates_resets_and_loading():
@@ -277,13 +279,15 @@ def test_compiled_update_forms_every_penalty_inside_its_program(monkeypatch):
     data = [(random_batch(b=32, gen=g), torch.randn(2, 1, 32, 2, generator=g)) for _ in range(3)]
     for batch, noise in data:
         eager.update(batch, named_noise(eager, noise))
-    for cls in {type(r) for r in compiled.trained["actor"].regularizers + compiled.trained["critic"].regularizers} - {_Cubic}:
+    regularizers = compiled.trained["actor"].regularizers + compiled.trained["critic"].regularizers
+    for cls in {type(r) for r in regularizers} - {_Cubic}:
         monkeypatch.setattr(cls, "penalty", lambda self: pytest.fail(f"{self.name}.penalty() ran in eager"))
     for batch, noise in data:
         compiled.update(batch, named_noise(compiled, noise))
     for p, q in zip(compiled.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    for r, q in zip(compiled.trained["actor"].regularizers[0]._plan.vectors, eager.trained["actor"].regularizers[0]._plan.vectors):
+    for r, q in zip(compiled.trained["actor"].regularizers[0]._plan.vectors,
+                    eager.trained["actor"].regularizers[0]._plan.vectors):
         torch.testing.assert_close(r, q, rtol=1e-5, atol=1e-6)
 
 

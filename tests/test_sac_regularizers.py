@@ -11,11 +11,11 @@ from torch import nn
 
 from conftest import named_noise
 from sac_spectral.agents import SAC, ReplayBuffer, SACConfig
+from sac_spectral.apps.rl.train import TrainConfig
 from sac_spectral.core.config import load_config
 from sac_spectral.core.nets import ACTIVATIONS, BatchedMLP
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import REGISTRY
-from sac_spectral.apps.rl.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,8 @@ def test_weight_decay_is_decoupled_adamw():
     plain_cfg, wd_cfg = small_cfg(), small_cfg()
     wd_cfg.critic.weight_decay = wd_cfg.actor.weight_decay = 0.1
     plain, decayed = SAC(5, 2, plain_cfg, SeedStreams([0])), SAC(5, 2, wd_cfg, SeedStreams([0]))
-    assert isinstance(decayed.trained["critic"].optimizer, torch.optim.AdamW) and not isinstance(plain.trained["critic"].optimizer, torch.optim.AdamW)
+    assert isinstance(decayed.trained["critic"].optimizer,
+                      torch.optim.AdamW) and not isinstance(plain.trained["critic"].optimizer, torch.optim.AdamW)
     assert decayed.trained["actor"].optimizer.param_groups[0]["weight_decay"] == 0.1
     before = [p.detach().clone() for p in plain.critic.parameters()]
     noise = torch.randn(2, 1, 8, 2, generator=torch.Generator().manual_seed(1))

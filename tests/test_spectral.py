@@ -123,7 +123,8 @@ def _formula_with_fixed_vectors(reg, model, coef, k):
 
 
 _FORMULA_MODELS = {
-    "linear": lambda: nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6), nn.Linear(6, 3)),
+    "linear": lambda: nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6),
+                                    nn.Linear(6, 3)),
     "member-batched": lambda: BatchedMLP(3, 5, [6, 6, 6], 2, init="torch"),
     "conv": lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 2 * 2, 2)),
 }

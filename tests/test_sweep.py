@@ -16,14 +16,14 @@ import pytest
 import torch
 import yaml
 
+from sac_spectral.apps.rl.train import main as train_main
 from sac_spectral.core.config import ConfigError, merge_sources
 from sac_spectral.runs.checkpoint import load_checkpoint
-from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.cli import run_cli
+from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.studies import report, spec, sweep
 from sac_spectral.studies.trial import error_line
-from sac_spectral.apps.rl.train import main as train_main
 
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,8 @@ def test_layout_and_status_after_the_rerun(killed_and_rerun):
     assert killed_and_rerun["code"] == 1  # the bad trials failed
     assert {"sweep.yaml", "base.yaml", "status.json", "logs", "sac", "spectral"} <= {p.name for p in root.iterdir()}
     resolved = yaml.safe_load((root / "sweep.yaml").read_text())
-    assert resolved["methods"]["spectral"] == {"resets.every": 200, "critic.regularizers": [{"name": "spectral", "coef": 1e-3}]}
+    assert resolved["methods"]["spectral"] == {"resets.every": 200,
+                                               "critic.regularizers": [{"name": "spectral", "coef": 1e-3}]}
     assert resolved["base"]["diagnostics"] == {"every": 0} and resolved["base"]["actor"] == {"hidden": [32, 32]}
     st = status(root)
     assert st["counts"] == {"done": 4, "running": 0, "pending": 0, "failed": 2}
@@ -230,8 +231,10 @@ def test_grid_and_seed_packing_name_the_trials(tmp_path):
     assert ids[:3] == ["rr/dmc-cheetah-run/replay_ratio=1/s0-1", "rr/dmc-cheetah-run/replay_ratio=1/s2-3",
                        "rr/dmc-cheetah-run/replay_ratio=1/s4"]
     assert len(ids) == 12
-    assert s.trials[1].overrides == ["critic.lr=0.0001", "env=dmc:cheetah-run", "replay_ratio=1", "seed=2", "num_seeds=2"]
-    assert spec.load_sweep(str(tmp_path / "g.yaml"), ["seeds=[0, 1, 2]", "seeds_per_trial=3"]).trials[0].seeds == [0, 1, 2]
+    assert s.trials[1].overrides == ["critic.lr=0.0001", "env=dmc:cheetah-run", "replay_ratio=1", "seed=2",
+                                     "num_seeds=2"]
+    grouped = spec.load_sweep(str(tmp_path / "g.yaml"), ["seeds=[0, 1, 2]", "seeds_per_trial=3"])
+    assert grouped.trials[0].seeds == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -281,8 +284,8 @@ def test_resolved_sweep_file_runs_the_same_trials(killed_and_rerun):
 
 
 def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.core.config import load_config, to_dict
     from sac_spectral.apps.rl.train import TrainConfig
+    from sac_spectral.core.config import load_config, to_dict
 
     s = spec.load_sweep(str(ROOT / "run_configs/sweeps/primacy_bias.yaml"), [])
     assert len(s.trials) == 14 * 10 and all(t.seeds == list(range(10)) for t in s.trials)
@@ -293,7 +296,8 @@ def test_primacy_bias_methods_are_the_run_configs_of_the_same_names():
         theirs = to_dict(load_config(TrainConfig, ROOT / f"run_configs/primacy_bias_{files.get(method, method)}.yaml"))
         if method == "sac_rr1":
             theirs["replay_ratio"] = 1.0
-        assert {k: v for k, v in ours.items() if k != "device"} == {k: v for k, v in theirs.items() if k != "device"}, method
+        assert ({k: v for k, v in ours.items() if k != "device"}
+                == {k: v for k, v in theirs.items() if k != "device"}), method
 
 
 def test_plasticity_sweep_is_the_readme_table():
@@ -305,15 +309,16 @@ def test_plasticity_sweep_is_the_readme_table():
 
 
 def test_priming_methods_are_the_run_configs_of_the_same_names():
-    from sac_spectral.core.config import load_config, merge_sources, to_dict
     from sac_spectral.apps.rl.train import TrainConfig
+    from sac_spectral.core.config import load_config, merge_sources, to_dict
 
     s = spec.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), [])
     assert [t.id for t in s.trials] == ["sac/s0-4", "unprimed/s0-4", "resets_after_priming/s0-4", "spectral/s0-4",
                                         "resets/s0-4"]
     for trial in (t for t in s.trials if t.method != "resets_after_priming"):
         ours = to_dict(merge_sources(TrainConfig, s.base, [*trial.overrides, "num_seeds=1"]))
-        theirs = to_dict(load_config(TrainConfig, ROOT / f"run_configs/priming_{trial.method.replace('unprimed', 'sac')}.yaml"))
+        theirs = to_dict(load_config(TrainConfig,
+                                     ROOT / f"run_configs/priming_{trial.method.replace('unprimed', 'sac')}.yaml"))
         if trial.method == "unprimed":
             assert theirs["priming"]["updates"] > 0
             theirs["priming"]["updates"] = 0
@@ -335,12 +340,12 @@ def test_the_priming_toolbox_sweeps_resolve_every_arm_on_the_shared_protocol():
 def test_cost_model_measures_each_agent_config_once(monkeypatch):
     """The dry run's cached update time is keyed on the resolved agent config: fp32 and bf16 (or
     compiled) trials are timed separately; trials that differ only in seed or length share one."""
-    import sac_spectral.agents.config as agent_config
+    import sac_spectral.apps.rl.config as run_config
     from sac_spectral.apps.rl.cost import estimate_cost, update_key
-    from sac_spectral.studies.cost import CostModel
     from sac_spectral.apps.rl.train import TrainConfig
+    from sac_spectral.studies.cost import CostModel
 
-    monkeypatch.setattr(agent_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
 
     small = ["env=dmc:cartpole-balance", "batch_size=8", "actor.hidden=[8]", "critic.hidden=[8]", "total_steps=50",
              "eval_every=0", "eval_episodes=1"]

@@ -72,7 +72,8 @@ def two_nodes(tmp_path_factory):
             time.sleep(1)
         nodes.append(start("worker", f"--address={address}"))
         while ray_status(env, address).count(" node_") < 2:
-            assert time.monotonic() < deadline and nodes[1].poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
+            assert time.monotonic() < deadline and nodes[1].poll() is None, \
+                (tmp_path / "worker.log").read_text()[-2000:]
             time.sleep(1)
         yield env, address
     finally:
@@ -89,7 +90,8 @@ def two_nodes(tmp_path_factory):
 def documented(prefix: str) -> str:
     """The command of the cluster recipe in docs/studies.md that starts with ``prefix``."""
     recipe = (ROOT / "docs" / "studies.md").read_text().split("## On a cluster", 1)[1].split("```bash\n", 1)[1]
-    return next(line for line in recipe.split("```", 1)[0].splitlines() if line.startswith(prefix)).split("#")[0].strip()
+    return next(line for line in recipe.split("```",
+                                              1)[0].splitlines() if line.startswith(prefix)).split("#")[0].strip()
 
 
 def processes() -> dict[int, int]:
@@ -168,4 +170,5 @@ def test_two_node_cluster_refused_without_token_mode_is_one_line(tmp_path, two_n
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "RAY_AUTH_MODE=token" in errors[0] and "cannot connect" in errors[0], done.stderr[-1000:]
+    assert len(errors) == 1 and "RAY_AUTH_MODE=token" in errors[0] and "cannot connect" in errors[0], \
+        done.stderr[-1000:]

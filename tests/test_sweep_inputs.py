@@ -182,7 +182,9 @@ def sweep_cli(tmp_path: Path, address: str, code: str = "") -> subprocess.Popen:
     """``python -m sac_spectral.sweep`` (after ``code``, if any) on a tiny sweep with ``--address``."""
     cfg = write_sweep(tmp_path / "tiny.yaml")
     argv = ["--config", str(cfg), "--out", str(tmp_path / "out"), "--address", address, "--no-progress"]
-    main = ["-m", "sac_spectral.sweep"] if not code else ["-c", f"{code}; import sys; from sac_spectral.runs.cli import run_cli; "
+    main = ["-m", "sac_spectral.sweep"] if not code else ["-c",
+                                                          f"{code}; import sys; from sac_spectral.runs.cli import "
+                                                          "run_cli; "
                                                                 "sys.exit(run_cli(sweep.main, sys.argv[1:]))"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
@@ -264,6 +266,7 @@ def test_ctrl_c_or_sigterm_while_ray_connects_ends_the_sweep_at_once(tmp_path, s
 def test_a_port_where_no_ray_cluster_answers_is_refused_after_a_timeout(tmp_path, silent_port):
     pytest.importorskip("ray")
     port, _ = silent_port
-    proc = sweep_cli(tmp_path, f"127.0.0.1:{port}", "from sac_spectral.studies import sweep; sweep.CONNECT_TIMEOUT_S = 3")
+    proc = sweep_cli(tmp_path, f"127.0.0.1:{port}",
+                     "from sac_spectral.studies import sweep; sweep.CONNECT_TIMEOUT_S = 3")
     code, line = one_line_exit(proc, timeout=60, ray_warnings=True)
     assert code == 2 and f"no Ray cluster answered at 127.0.0.1:{port} within 3 s" in line, line

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import reference_batch, named_noise
+from conftest import named_noise, reference_batch
 from sac_spectral.agents import AGENTS, TD3, build_agent
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.seeding import SeedStreams
 
 OBS, ACT, B = 5, 2, 16
@@ -29,8 +29,8 @@ def _config(**td3) -> TrainConfig:
 def _params(net, member):
     """Member ``member``'s ``[(W, b), ...]`` (hidden layers, then the head) as leaf tensors."""
     layers = list(net.layers) + list(net.heads)
-    return [(l.weight[member].detach().clone().requires_grad_(), l.bias[member].detach().clone().requires_grad_())
-            for l in layers]
+    return [(lin.weight[member].detach().clone().requires_grad_(), lin.bias[member].detach().clone().requires_grad_())
+            for lin in layers]
 
 
 def _mlp(params, x):
@@ -62,7 +62,8 @@ class Reference:
         with torch.no_grad():
             noise = (o.policy_noise * eps).clamp(-o.noise_clip, o.noise_clip)
             a2 = (torch.tanh(_mlp(self.t_actor, s2)) + noise).clamp(-1, 1)
-            y = r + self.cfg.gamma * (1 - d) * torch.min(self.q(self.t_critics[0], s2, a2), self.q(self.t_critics[1], s2, a2))
+            y = r + self.cfg.gamma * (1 - d) * torch.min(self.q(self.t_critics[0], s2, a2),
+                                                         self.q(self.t_critics[1], s2, a2))
         loss = sum(((self.q(c, s, a) - y) ** 2).mean() for c in self.critics)
         self.critic_opt.zero_grad()
         loss.backward()
@@ -134,17 +135,18 @@ def test_a_td3_run_plays_back_its_last_evaluation_and_its_policy_is_deterministi
     import numpy as np
 
     from conftest import SMALL
-    from sac_spectral.envs.evaluate import eval_seed
     from sac_spectral.apps.rl.policy import load_policy, play_episodes
-    from sac_spectral.runs.cli import run_cli
     from sac_spectral.apps.rl.train import main
+    from sac_spectral.envs.evaluate import eval_seed
+    from sac_spectral.runs.cli import run_cli
 
     rd = tmp_path / "td3"
     assert run_cli(main, [*SMALL, "agent=td3", "env=dmc:cartpole-balance", "action_repeat=4", "total_steps=300",
                           "random_steps=100", "eval_every=150", "eval_episodes=2", "threads=1", f"run_dir={rd}"]) == 0
     policy = load_policy(rd)
     rows = [r for r in csv.DictReader((rd / "evals.csv").open()) if int(r["step"]) == 300]
-    assert policy.recorded is not None and policy.recorded.reset_seeds(policy.seed) == [eval_seed(0, 300, ep) for ep in range(2)]
+    assert policy.recorded is not None
+    assert policy.recorded.reset_seeds(policy.seed) == [eval_seed(0, 300, ep) for ep in range(2)]
     returns = play_episodes(policy, policy.recorded.reset_seeds(policy.seed))
     assert float(np.mean(returns)) == float(rows[0]["return"])
     obs = np.zeros(policy.obs_dim)
@@ -162,11 +164,13 @@ def test_what_a_run_would_silently_never_do_is_said_and_its_directory_names_its_
 
     monkeypatch.chdir(tmp_path)
     assert run_cli(main, [*SMALL, "agent=td3", "td3.policy_delay=1e12", "critic.arch=bronet", "critic.hidden=[32, 32]",
-                          "env=dmc:cartpole-balance", "total_steps=120", "random_steps=100", "eval_every=0", "threads=1",
+                          "env=dmc:cartpole-balance", "total_steps=120", "random_steps=100", "eval_every=0",
+                          "threads=1",
                           "actor.regularizers=[{name: plasticity_injection, at_step: 500}]"]) == 0
     (summary,) = (tmp_path / "runs").glob("*/summary.json")
     assert "__td3+spectral+plasticity_injection+bronet__" in summary.parent.name
     warnings = json.loads(summary.read_text())["warnings"]
-    assert any("td3.policy_delay=1000000000000 exceeds the run's 20 updates: the actor never trains" in w for w in warnings)
+    assert any("td3.policy_delay=1000000000000 exceeds the run's 20 updates: the actor never trains" in w
+               for w in warnings)
     assert any("actor.regularizers[0] (plasticity_injection): at_step=500 lies beyond" in w for w in warnings)
     assert "the actor never trains" in capsys.readouterr().err

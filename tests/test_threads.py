@@ -22,7 +22,8 @@ def test_importing_the_package_lowers_the_openmp_spin():
     [(False, {}, threads.SPIN_COUNT), (True, {}, None), (False, {"GOMP_SPINCOUNT": "7"}, "7"),
      (False, {"OMP_WAIT_POLICY": "ACTIVE"}, None)],
 )
-def test_the_spin_is_set_only_before_torch_loads_and_never_over_the_users_setting(monkeypatch, torch_loaded, env, expected):
+def test_the_spin_is_set_only_before_torch_loads_and_never_over_the_users_setting(monkeypatch, torch_loaded, env,
+                                                                                  expected):
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     for key, value in env.items():
@@ -46,7 +47,8 @@ def _sample_with(monkeypatch, jiffies, own_s, cores=(0, 1)):
     "busy_ticks, own_s, expected_busy, expected_threads",
     [(10, 0.1, 0.0, 2), (160, 0.6, 1.0, 1), (200, 0.0, 2.0, 1), (120, 1.0, 0.2, 2)],
 )
-def test_busy_cores_are_what_other_processes_used_in_the_window(monkeypatch, busy_ticks, own_s, expected_busy, expected_threads):
+def test_busy_cores_are_what_other_processes_used_in_the_window(monkeypatch, busy_ticks, own_s, expected_busy,
+                                                                expected_threads):
     # two cores, 100 ticks each over the window; this process used own_s seconds (100 ticks per second)
     sample = _sample_with(monkeypatch, [(1000, 5000), (1000 + busy_ticks, 5200)], (1.0, 1.0 + own_s))
     monkeypatch.setattr(threads.os, "sysconf", lambda name: 100)

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from conftest import SMALL
-
-from sac_spectral.runs.checkpoint import load_checkpoint
-
-from sac_spectral.runs.layout import CHECKPOINT
 from sac_spectral.apps.rl.train import main
+from sac_spectral.runs.checkpoint import load_checkpoint
+from sac_spectral.runs.layout import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = SMALL + ["random_steps=200", "eval_every=600", "log_every=100", "buffer_size=5000"]
@@ -124,7 +123,8 @@ EVERY_METHOD = (
          f"actor.regularizers={EVERY_METHOD}{{name: spectral, coef: 1e-3}}]"],
         ["agent=td3", "num_seeds=2", "resets.every=500", "diagnostics.every=100", "diagnostics.batch_size=64",
          "critic.regularizers=[{name: spectral, coef: 1e-3}, {name: redo, tau: 0.5, every: 90}]"],
-        ["critic.arch=bronet", "actor.arch=simba", "resets.every=500", "resets.what=last_layers", "resets.last_layers=2",
+        ["critic.arch=bronet", "actor.arch=simba", "resets.every=500", "resets.what=last_layers",
+         "resets.last_layers=2",
          "diagnostics.every=100", "diagnostics.batch_size=64",
          "critic.regularizers=[{name: redo, tau: 0.5, every: 90}, {name: spectral, coef: 1e-3}]"],
         ["critic.arch=simba", "actor.arch=bronet", "critic.regularizers=[{name: cbp, replacement_rate: 0.01}]",
@@ -312,9 +312,9 @@ class _StopWhen:
 
 @pytest.mark.slow
 def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_path, capsys):
+    from sac_spectral.apps.rl.train import PRIMING_CHUNK, TrainConfig, Trainer
     from sac_spectral.core.config import load_config
     from sac_spectral.runs.run import Run
-    from sac_spectral.apps.rl.train import PRIMING_CHUNK, TrainConfig, Trainer
 
     common = FAST + ["random_steps=150", "priming.transitions=150", f"priming.updates={2 * PRIMING_CHUNK + 300}",
                      "total_steps=400", "diagnostics.every=1000", "diagnostics.batch_size=32"]

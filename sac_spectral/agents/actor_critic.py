@@ -214,5 +214,6 @@ class ExportedPolicy(nn.Module):
         self.actor, self.acting, self.act_dim = actor, acting, act_dim
 
     def forward(self, obs: Tensor, member: int, deterministic: bool, generator: torch.Generator) -> Tensor:
-        noise = None if deterministic else torch.randn((obs.shape[1], self.act_dim), generator=generator, device=obs.device)
+        noise = None if deterministic else torch.randn((obs.shape[1], self.act_dim), generator=generator,
+                                                       device=obs.device)
         return self.acting(self.actor, obs, noise)[member]

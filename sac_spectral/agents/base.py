@@ -9,8 +9,7 @@ network are members ``n·k … n·k + k − 1``), and every agent trains them wi
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -54,6 +53,9 @@ class Agent(Protocol):
 
     def reset(self, last: int | None = None) -> None:
         """Re-draw every network (``None``) or their last ``last`` levels; the buffer stays."""
+
+    def forget_optimizers(self) -> None:
+        """Clear every trained network's optimizer state; the parameters stay."""
 
     def nets(self) -> dict[str, BatchedNetwork]:
         """The trained networks that regularizers, spectra and diagnostics see."""
@@ -106,6 +108,8 @@ def actor_dims(actor_state: dict[str, Tensor]) -> tuple[int, int, int]:
 AGENTS: dict[str, type] = {}
 #: each agent's own config section: ``{key: (section class, help)}`` (SAC's ``alpha``, TD3's ``td3``, …)
 SECTIONS: dict[str, tuple[type, str]] = {}
+#: the run config's keys (:func:`reserve_run_keys`), which no section may take
+RUN_KEYS: set[str] = set()
 #: the entry-point group through which installed packages add agents
 GROUP = "sac_spectral.agents"
 _broken: dict[str, str] | None = None
@@ -135,14 +139,24 @@ def register_agent(name: str, config: type | None = None, section: str | None = 
     return wrap
 
 
+def reserve_run_keys(keys: Iterable[str]) -> None:
+    """The run config's own keys (its module declares them when imported), which no agent's section
+    may take; a section registered earlier under one of them is refused now."""
+    RUN_KEYS.update(keys)
+    for key in RUN_KEYS & SECTIONS.keys():
+        _refuse_run_key(key)
+
+
+def _refuse_run_key(key: str) -> None:
+    raise ValueError(f"config section '{key}' would replace the run config's key '{key}'; "
+                     "name the section otherwise (register_agent(..., section=...))")
+
+
 def _check_section(key: str, config: type) -> None:
     """Refuse an agent's options that no run config could hold: under a key of the run config or of
     another section, or options that :func:`~sac_spectral.core.config.check_section` refuses."""
-    from sac_spectral.agents.config import TrainConfig  # here: agents.config imports this module
-
-    if key in {f.name for f in dataclasses.fields(TrainConfig)}:
-        raise ValueError(f"config section '{key}' would replace the run config's key '{key}'; "
-                         "name the section otherwise (register_agent(..., section=...))")
+    if key in RUN_KEYS:
+        _refuse_run_key(key)
     if key in SECTIONS and SECTIONS[key][0] is not config:
         raise ValueError(f"config section '{key}' is already registered ({SECTIONS[key][0].__qualname__})")
     check_section(config, key)
@@ -198,6 +212,7 @@ def agent_class(name: str) -> type:
     return AGENTS[name]
 
 
-def build_agent(obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> Agent:
+def build_agent(obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
+                device: str | torch.device = "cpu") -> Agent:
     """The agent ``cfg.agent`` names, for ``len(streams)`` seeds."""
     return agent_class(cfg.agent)(obs_dim, act_dim, cfg, streams, device)

@@ -108,7 +108,8 @@ class _Step:
               hyper: tuple[tuple[float, tuple[float, float], float, float], ...]) -> None:
         """Adam/AdamW on the aliases, group by group (traced into the program)."""
         for (lo, hi), (lr, betas, eps, wd) in zip(self.groups, hyper):
-            adam_step_(self.aliases[lo:hi], grads[lo:hi], *(s[lo:hi] for s in state), lr, betas, eps, wd, self.decoupled)
+            adam_step_(self.aliases[lo:hi], grads[lo:hi], *(s[lo:hi] for s in state), lr, betas, eps, wd,
+                       self.decoupled)
 
 
 def _never(*args: Any) -> bool:
@@ -169,8 +170,8 @@ def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _argument_guards(guards: Sequence[Any]) -> list[bool]:
     """Keep the guards on the programs' arguments (steps, batch, noise, the regularizers with
-    penalties, Adam state and hyperparameters) and drop those on the agent (``self``) and globals: the agent's structure,
-    configuration and parameter tensors (written in place, never replaced) are fixed for the life
+    penalties, Adam state and hyperparameters) and drop those on the agent (``self``) and globals: the agent's
+    structure, configuration and parameter tensors (written in place, never replaced) are fixed for the life
     of its :class:`Compiled` backend, and checking some 800 guards on them cost ≈ 0.5 ms per call."""
     return [not (g.is_global or g.name == "self" or g.name.startswith("self.")) for g in guards]
 
@@ -212,7 +213,8 @@ class Compiled:
         # auto-functionalization v2 misorders the Adam operator's writes in blocks of updates (torch 2.13)
         options = {"guard_filter_fn": _argument_guards, "enable_auto_functionalized_v2": False,
                    **({} if cuda else {"cpp_wrapper": True, **(_cpu_products() if products == "onednn" else {})})}
-        self._compile = functools.partial(torch.compile, mode="reduce-overhead" if cuda else None, dynamic=False, options=options)
+        self._compile = functools.partial(torch.compile, mode="reduce-overhead" if cuda else None, dynamic=False,
+                                          options=options)
         self._programs: dict[tuple[Any, ...], Any] = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Compiled:
@@ -257,7 +259,8 @@ class Compiled:
         info: Metrics = {}
         for i, (step, (penalties, state, hyper)) in enumerate(zip(steps, args)):
             net = self.nets[step.net]
-            grads, (_, metrics) = grad_and_value(functools.partial(self._loss, step, batch, noise), has_aux=True)(net.aliases)
+            grads, (_, metrics) = grad_and_value(functools.partial(self._loss, step, batch, noise),
+                                                 has_aux=True)(net.aliases)
             grads = list(grads)
             net.add_penalties(grads, penalties)
             net.apply(grads, state, hyper)
@@ -273,7 +276,8 @@ class Compiled:
 
     def run(self, segment: Segment, batch: Metrics, noise: Noise) -> Metrics:
         with _inductor_workarounds():
-            return segment.program(segment.steps, segment.after_inside, batch, noise, [self._args(s.net) for s in segment.steps])
+            return segment.program(segment.steps, segment.after_inside, batch, noise,
+                                   [self._args(s.net) for s in segment.steps])
 
     def _block(self, plan: tuple[tuple[NetStep, ...], ...], data: Metrics, noise: Noise,
                args: dict[str, tuple[Any, ...]]) -> Metrics:

@@ -88,7 +88,8 @@ class CrossQConfig:
         at_least(self, 0, "warmup")
         check(0 <= self.adam_beta1 < 1, "adam_beta1", f"must be in [0, 1), got {self.adam_beta1}")
         check(0 < self.momentum <= 1, "momentum", f"must be in (0, 1], got {self.momentum}")
-        check(self.r_max >= 1 and self.d_max >= 0, "r_max", f"needs r_max >= 1 and d_max >= 0, got {self.r_max}, {self.d_max}")
+        check(self.r_max >= 1 and self.d_max >= 0, "r_max",
+              f"needs r_max >= 1 and d_max >= 0, got {self.r_max}, {self.d_max}")
 
 
 class BatchRenorm(BatchedLayerNorm):
@@ -186,7 +187,8 @@ class RenormMLP(BatchedNetwork):
         consumers = [[layer] for layer in self.layers[1:]] + [list(self.heads)]
         return [(layer, nxt, [norm]) for layer, nxt, norm in zip(self.layers, consumers, self.norms)]
 
-    def forward(self, x: Tensor, detach: bool = False, return_hidden: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(self, x: Tensor, detach: bool = False,
+                return_hidden: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         if x.dim() == 2:
             x = x.unsqueeze(0).expand(self.members, -1, -1)
         x = self.in_norm(x, detach)
@@ -207,7 +209,8 @@ class CrossQ(ActorCritic):
     actor_delay = "crossq.policy_delay"
     coupled = True
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
+                 device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim)}
         self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
@@ -219,7 +222,8 @@ class CrossQ(ActorCritic):
                                  betas=(cfg.crossq.adam_beta1, BETAS[1]))
         self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
         zeros = torch.zeros(self.num_seeds, device=device)
-        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
+        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros,
+                                  "entropy": zeros})  # until the first actor step
 
     @classmethod
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
@@ -243,8 +247,10 @@ class CrossQ(ActorCritic):
         keeps the width) and ``critic.init`` apply; another ``critic.arch`` or ``critic.layer_norm`` is refused."""
         super().check_config(cfg)
         c = cfg.critic
-        check(c.arch == "mlp", "critic.arch", f"crossq's critic is its batch-renormalized MLP; '{c.arch}' is not available (use mlp)")
-        check(not c.layer_norm, "critic.layer_norm", "crossq's critic is normalized by batch renormalization; use false")
+        check(c.arch == "mlp", "critic.arch",
+              f"crossq's critic is its batch-renormalized MLP; '{c.arch}' is not available (use mlp)")
+        check(not c.layer_norm, "critic.layer_norm",
+              "crossq's critic is normalized by batch renormalization; use false")
         check(ACTIVATIONS[c.activation][1] == 1, "critic.activation",
               f"crossq renormalizes each hidden layer's units; '{c.activation}' changes the width")
 

@@ -71,7 +71,8 @@ class DroQConfig:
     """DroQ's own options (Hiraoka et al. 2022); the critics' number is ``critic.num_critics``."""
 
     dropout: float = option(0.01, "p: the dropout rate after each hidden linear layer of the critics")
-    policy_delay: int = option(20, "actor and temperature step every N updates (the paper: once per env step at UTD 20)")
+    policy_delay: int = option(20,
+                               "actor and temperature step every N updates (the paper: once per env step at UTD 20)")
 
     def validate(self) -> None:
         check(0 <= self.dropout < 1, "dropout", f"must lie in [0, 1), got {self.dropout}")
@@ -98,7 +99,8 @@ class DroQ(ActorCritic):
     sections = ("alpha",)  # SAC's temperature options
     actor_delay = "droq.policy_delay"
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
+                 device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.widths, self.threshold = list(cfg.critic.hidden), keep_threshold(cfg.droq.dropout)
         units = (BATCH, self.num_critics, sum(self.widths))
@@ -112,7 +114,8 @@ class DroQ(ActorCritic):
         self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
         self._polyak = self.polyak("critic")
         zeros = torch.zeros(self.num_seeds, device=device)
-        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
+        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros,
+                                  "entropy": zeros})  # until the first actor step
 
     @classmethod
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -50,10 +51,9 @@ from sac_spectral.agents.steps import (
 )
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.precision import make_precision
-from sac_spectral.core.reinit import reset_layers
+from sac_spectral.core.reinit import forget, reset_layers
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Regularizer, build_regularizers, penalized_step
-
 
 
 @dataclass
@@ -129,7 +129,6 @@ class Engine(nn.Module):
         self.num_updates = 0
         self.last_metrics: Metrics = {}
         self.trained: dict[str, Trained] = {}
-        self._batch: Metrics = {}
         #: what one update (and one diagnostics probe) draws per seed, by name, in this order:
         #: shapes of standard normals, :data:`~sac_spectral.agents.steps.BATCH` for the batch axis
         self.draws: Draws = {}
@@ -145,7 +144,8 @@ class Engine(nn.Module):
             **{f"{n}.target": (t.target, False) for n, t in table.items() if t.target is not None},
         })
         self._targets = tuple(f"{n}.target" for n, t in table.items() if t.target is not None)
-        self.backend: Eager | Compiled = (Compiled(self, precision == "bf16", getattr(self.cfg, "compile_products", "onednn"))
+        self.backend: Eager | Compiled = (Compiled(self, precision == "bf16",
+                                                   getattr(self.cfg, "compile_products", "onednn"))
                                           if compiled else Eager(self))
 
     def generators(self, net: str) -> list[torch.Generator]:
@@ -153,14 +153,13 @@ class Engine(nn.Module):
         return [g for g in self.streams["init"] for _ in range(self.trained[net].members)]
 
     def _build_regularizers(self) -> None:
-        """Each network's regularizers with its optimizer, its inputs of the current update as probe,
-        its target, and per-member random streams seeded from each seed's ``init`` stream (so seed i
-        of a multi-seed run draws what a single-seed run draws)."""
+        """Each network's regularizers with its optimizer (their probe inputs are handed to them each
+        update: :meth:`update`), its target, and per-member random streams seeded from each seed's
+        ``init`` stream (so seed i of a multi-seed run draws what a single-seed run draws)."""
         for net, t in self.trained.items():
             t.regularizers = build_regularizers(t.module, t.cfg.regularizers, f"{net}.regularizers")
             for reg in t.regularizers:
                 reg.attach(t.optimizer)
-                reg.set_probe(lambda t=t: t.inputs(self._batch))
                 if t.target is not None:
                     reg.set_target(t.target)
                 if reg.generators:
@@ -191,8 +190,12 @@ class Engine(nn.Module):
     def update(self, batch: Metrics, noise: Noise) -> Metrics:
         """One update of every seed on ``batch`` ``[N, B, ...]`` with the named ``noise`` of :attr:`draws`:
         the loop of the module docstring over :meth:`steps`. Returns every step's latest per-seed
-        metrics (device tensors, no host sync)."""
-        self._batch, update = batch, self.num_updates + 1
+        metrics (device tensors, no host sync). Each regularizer's probe is this update's batch, as its
+        network's inputs (a block of updates carries no regularizer that probes: :meth:`_block_size`)."""
+        update = self.num_updates + 1
+        for t in self.trained.values():
+            for reg in filter(intervenes, t.regularizers):
+                reg.set_probe(partial(t.inputs, batch))
         for segment in self.backend.segments(self.steps(update)):
             self.last_metrics.update(self.backend.run(segment, batch, noise))
             last = segment.steps[-1]
@@ -228,7 +231,6 @@ class Engine(nn.Module):
                 before_last()
             size = self._block_size((hook if r < hook else count) - r)
             if size > 1:
-                self._batch = {k: v[r + size - 1] for k, v in data.items()}
                 plan = tuple(tuple(self.steps(u)) for u in range(self.num_updates + 1, self.num_updates + 1 + size))
                 self.last_metrics.update(self.backend.block(plan, {k: v[r : r + size] for k, v in data.items()},
                                                             {k: v[r : r + size] for k, v in noise.items()}))
@@ -273,6 +275,12 @@ class Engine(nn.Module):
         if last is None:
             self._build_regularizers()
         self.precision.refresh()
+
+    def forget_optimizers(self) -> None:
+        """Clear every trained network's optimizer state (Adam's moments and step count restart, as
+        at a task switch with ``on_switch.optimizer: reset``); the parameters stay."""
+        for t in self.trained.values():
+            forget(t.optimizer, t.module.parameters())
 
     def metrics(self) -> Metrics:
         """Per-seed ``[N]`` metrics of every regularizer, ``reg/<net>/<name>/<key>``."""

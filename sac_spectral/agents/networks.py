@@ -20,7 +20,6 @@ update takes their means, the gradient-rank diagnostics differentiate them examp
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import torch

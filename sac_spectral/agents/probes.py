@@ -42,7 +42,9 @@ DEFAULT_EVERY = 1000
 
 @dataclass
 class DiagnosticsConfig:
-    every: int = option(DEFAULT_EVERY, "gradient-rank, spectra, feature and dormant diagnostics before the first update and every N updates (0 = off)")
+    every: int = option(DEFAULT_EVERY,
+                        "gradient-rank, spectra, feature and dormant diagnostics before the first update and every N "
+                        "updates (0 = off)")
     batch_size: int = option(256, "replay transitions in the probe batch (rows of the per-example gradient matrix)")
     tau: float = option(0.1, "ReDo dormant-score threshold for dormant/<net>/fraction (τ = 0 is logged too)")
     rtol: float = option(DEFAULT_RTOL, "condition-number floor: singular values <= rtol·σ_max are ignored")

@@ -55,7 +55,8 @@ class REDQConfig:
     """REDQ's own options (Chen et al. 2021); the ensemble's size is ``critic.num_critics``."""
 
     num_min: int = option(2, "M: critics in the random subset whose minimum forms the target")
-    policy_delay: int = option(20, "actor and temperature step every N updates (the paper: once per env step at UTD 20)")
+    policy_delay: int = option(20,
+                               "actor and temperature step every N updates (the paper: once per env step at UTD 20)")
 
     def validate(self) -> None:
         at_least(self, 1, "num_min", "policy_delay")
@@ -74,7 +75,8 @@ class REDQ(ActorCritic):
     sections = ("alpha",)  # SAC's temperature options
     actor_delay = "redq.policy_delay"
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams, device: str | torch.device = "cpu") -> None:
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
+                 device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim), "subset": (self.num_critics,)}
         self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
@@ -86,7 +88,8 @@ class REDQ(ActorCritic):
         self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
         self._polyak = self.polyak("critic")
         zeros = torch.zeros(self.num_seeds, device=device)
-        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros, "entropy": zeros})  # until the first actor step
+        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros,
+                                  "entropy": zeros})  # until the first actor step
 
     @classmethod
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
@@ -108,7 +111,8 @@ class REDQ(ActorCritic):
         """The subset of ``redq.num_min`` critics is drawn from the ``critic.num_critics`` of the ensemble."""
         super().check_config(cfg)
         n, m = cfg.critic.num_critics, cfg.redq.num_min
-        check(m <= n, "redq.num_min", f"must be <= critic.num_critics ({n}): the target's subset is drawn from the ensemble, got {m}")
+        check(m <= n, "redq.num_min",
+              f"must be <= critic.num_critics ({n}): the target's subset is drawn from the ensemble, got {m}")
 
     # ----------------------------------------------------------------------------- losses
     def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:

@@ -110,7 +110,8 @@ class ReplayBuffer:
             raise ValueError(f"checkpoint buffer capacity {state['capacity']} differs from {self.capacity}")
         for k, v in state["data"].items():
             if v.shape[0] != self.num_seeds or v.shape[2:] != self.storage[k].shape[2:]:
-                raise ValueError(f"checkpoint buffer '{k}' has shape {tuple(v.shape)}, expected [{self.num_seeds}, n, ...]")
+                raise ValueError(f"checkpoint buffer '{k}' has shape {tuple(v.shape)}, expected [{self.num_seeds}, n, "
+                                 "...]")
             self.storage[k][:, : v.shape[1]] = v.to(self.device)
         self.ptr, self.size = int(state["ptr"]), int(state["size"])
 

@@ -119,7 +119,8 @@ def view_names(views: list[LayerView]) -> list[str]:
     return names
 
 
-SUPPORTED = "nn.Linear, nn.Conv1d/2d/3d, nn.LayerNorm/GroupNorm/BatchNorm and sac_spectral's BatchedLinear/BatchedLayerNorm"
+SUPPORTED = ("nn.Linear, nn.Conv1d/2d/3d, nn.LayerNorm/GroupNorm/BatchNorm and sac_spectral's "
+             "BatchedLinear/BatchedLayerNorm")
 
 
 def checked_views(module: nn.Module, layers: str, method: str) -> list[LayerView]:
@@ -132,7 +133,8 @@ def checked_views(module: nn.Module, layers: str, method: str) -> list[LayerView
     bad = unsupported_layers(module)
     layers_ = [n for n in bad if not any(True for _ in owners[n].children())]
     if layers_:
-        raise ValueError(f"{method} cannot handle the parameters of {', '.join(layers_)}; supported layers: {SUPPORTED}")
+        raise ValueError(f"{method} cannot handle the parameters of {', '.join(layers_)}; "
+                         f"supported layers: {SUPPORTED}")
     loose = [n for n in bad if n not in layers_]
     if loose:
         warnings.warn(

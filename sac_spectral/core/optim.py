@@ -29,7 +29,8 @@ def make_optimizer(
     raise ValueError(f"unknown optimizer '{name}'; valid: {', '.join(OPTIMIZERS)}")
 
 
-def adam_state(optimizer: torch.optim.Optimizer, params: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+def adam_state(optimizer: torch.optim.Optimizer,
+               params: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
     """``(exp_avg, exp_avg_sq, step)`` of ``params`` in an Adam/AdamW ``optimizer``'s own state, created
     as torch creates it where missing (a fresh optimizer, or parameters whose state a reset dropped)."""
     for p in params:
@@ -65,7 +66,8 @@ def _check_sizes(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tenso
             raise ValueError(f"sac_spectral::adam_: {len(tensors)} {name} for {len(params)} parameters")
     for i, (p, g, m, v, t) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps)):
         if not p.shape == g.shape == m.shape == v.shape or t.numel() != 1:
-            raise ValueError(f"sac_spectral::adam_: parameter {i} of shape {list(p.shape)} has gradient {list(g.shape)}, "
+            raise ValueError(f"sac_spectral::adam_: parameter {i} of shape {list(p.shape)} has gradient "
+                             f"{list(g.shape)}, "
                              f"exp_avg {list(m.shape)}, exp_avg_sq {list(v.shape)} and step {list(t.shape)}")
 
 

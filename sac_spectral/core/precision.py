@@ -17,9 +17,9 @@ or :class:`Bf16` (the copies of its networks).
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
+from pathlib import Path
 from types import TracebackType
 
 import torch

@@ -11,9 +11,9 @@ single-member network driven by the same generator. A member's slice of a member
 parameter has the shape of the plain torch layer's parameter (``BatchedLinear``: ``[out, in]`` and
 ``[out]``), and a plain layer counts as one member, so the code below never asks which kind a layer
 is. Member-batched layers (anything with a ``members`` attribute and a ``draw(generator)`` method,
-e.g. :class:`~sac_spectral.core.nets.BatchedLinear`) own their initializer; plain torch layers use torch's defaults: ``nn.Linear`` and ``nn.Conv*d``
-weight and bias uniform in ``±1/√fan_in`` (what ``reset_parameters`` gives), normalization gain 1
-and shift 0. Draws happen on the CPU and are copied to the parameter's device and dtype.
+e.g. :class:`~sac_spectral.core.nets.BatchedLinear`) own their initializer; plain torch layers use torch's defaults:
+``nn.Linear`` and ``nn.Conv*d`` weight and bias uniform in ``±1/√fan_in`` (what ``reset_parameters`` gives),
+normalization gain 1 and shift 0. Draws happen on the CPU and are copied to the parameter's device and dtype.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def forget(optimizer: torch.optim.Optimizer, params: Iterable[Tensor]) -> None:
 
 
 @torch.no_grad()
-def zero_moments(optimizer: torch.optim.Optimizer, module: nn.Module, param: Tensor, mask: Tensor, member: int = 0) -> None:
+def zero_moments(optimizer: torch.optim.Optimizer, module: nn.Module, param: Tensor, mask: Tensor,
+                 member: int = 0) -> None:
     """Zero the entries ``mask`` of member ``member``'s slice of ``module``'s parameter ``param``
     (``mask`` is shaped like that slice) in every per-element state tensor of ``param``: Adam's
     ``exp_avg`` and ``exp_avg_sq``, SGD's momentum, …. Per-tensor entries such as Adam's ``step`` stay."""

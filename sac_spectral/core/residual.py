@@ -64,7 +64,8 @@ class ResidualNet(BatchedNetwork):
 
     def __init__(self, arch: str, members: int, in_dim: int, hidden: Sequence[int], out_dims: int | Sequence[int],
                  activation: str = "relu", init: str = "orthogonal", hidden_gain: float = math.sqrt(2.0),
-                 out_gains: float | Sequence[float] = 1.0, generators: Sequence[torch.Generator | None] | None = None) -> None:
+                 out_gains: float | Sequence[float] = 1.0,
+                 generators: Sequence[torch.Generator | None] | None = None) -> None:
         super().__init__()
         if arch not in ARCHS[1:]:
             raise ValueError(f"unknown residual arch '{arch}'; valid: {', '.join(ARCHS[1:])}")
@@ -140,7 +141,8 @@ class ResidualNet(BatchedNetwork):
     def hidden_units(self) -> list[tuple[BatchedLinear, list[BatchedLinear], list[BatchedLayerNorm]]]:
         """Each block's inner units: ``(producer, [consumer], [norms on them])`` (the residual
         stream's units feed every later block and are left out)."""
-        return [(b["linear_in"], [b["linear_out"]], [b["norm_in"]] if self.arch == "bronet" else []) for b in self.blocks]
+        return [(b["linear_in"], [b["linear_out"]],
+                 [b["norm_in"]] if self.arch == "bronet" else []) for b in self.blocks]
 
     def unnormalized_layers(self) -> list[str]:
         """Layers whose output reaches a nonlinearity with no normalization between: SimBa's block
@@ -172,4 +174,5 @@ def make_network(arch: str, members: int, in_dim: int, hidden: Sequence[int], ou
     if arch == "mlp":
         return BatchedMLP(members, in_dim, hidden, out_dims, activation, layer_norm, init, out_gains=out_gains,
                           generators=generators)
-    return ResidualNet(arch, members, in_dim, hidden, out_dims, activation, init, out_gains=out_gains, generators=generators)
+    return ResidualNet(arch, members, in_dim, hidden, out_dims, activation, init, out_gains=out_gains,
+                       generators=generators)

@@ -59,7 +59,8 @@ def check_threads(threads: int, key: str = "threads", allow_auto: bool = True) -
     low, high = (0 if allow_auto else 1), len(allowed_cores())
     if not low <= threads <= high:
         auto = " (0: those that other processes leave idle)" if allow_auto else ""
-        raise ConfigError(f"{key}: {threads} is out of range; valid: {low} to {high}, the cores this process may use{auto}")
+        raise ConfigError(f"{key}: {threads} is out of range; valid: {low} to {high}, the cores this process may "
+                          f"use{auto}")
 
 
 def _cpu_jiffies(cpus: list[int]) -> tuple[int, int] | None:

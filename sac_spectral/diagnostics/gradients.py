@@ -19,8 +19,8 @@ eigenvalues are the squared singular values of ``G_m``. Two exact ways to form t
   closure and parameters; chunked over examples (``chunk_size``, or sized to ``max_bytes``).
 - ``"factored"``: a ``Linear``/``BatchedLinear`` weight's per-example gradient is the outer
   product ``δ_i a_iᵀ`` of the loss gradient ``δ_i`` at the layer output and the layer input ``a_i``
-  (per member; a plain ``Linear`` is one member), so ``⟨g_i, g_j⟩ = (a_iᵀa_j)(δ_iᵀδ_j)`` and ``K = (A Aᵀ) ∘ (Δ Δᵀ)`` (``+ Δ Δᵀ`` for the
-  bias): one forward and backward of the batch and ``B²(in + out)`` FLOPs per layer instead of
+  (per member; a plain ``Linear`` is one member), so ``⟨g_i, g_j⟩ = (a_iᵀa_j)(δ_iᵀδ_j)`` and ``K = (A Aᵀ) ∘ (Δ Δᵀ)``
+  (``+ Δ Δᵀ`` for the bias): one forward and backward of the batch and ``B²(in + out)`` FLOPs per layer instead of
   ``B²·in·out``. It requires examples that do not interact (no batch statistics) and layers that
   run once per loss; a layer that runs twice, or a weight whose summed gradient differs from
   ``Aᵀ Δ`` (the weight used elsewhere too), raises ``ValueError``. A LayerNorm's gain and shift
@@ -255,7 +255,8 @@ def _factored_grams(
     layers: dict[int, tuple[str, nn.Module, set[str]]] = {}  # id → (name, layer, selected leaves)
     for name in selected:
         owner = _owner(module, name)
-        layers.setdefault(id(owner), (name.rpartition(".")[0] or "<root>", owner, set()))[2].add(name.rpartition(".")[2])
+        layers.setdefault(id(owner),
+                          (name.rpartition(".")[0] or "<root>", owner, set()))[2].add(name.rpartition(".")[2])
     records: dict[int, list[tuple[Tensor, Tensor]]] = {i: [] for i in layers}
 
     def hook(mod: nn.Module, inputs: tuple[Tensor, ...], out: Tensor) -> None:

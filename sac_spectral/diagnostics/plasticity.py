@@ -35,6 +35,7 @@ TensorBoard tags; docs/diagnostics.md says when a runner computes which, and wha
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -172,7 +173,8 @@ class ParamSnapshot:
             raise ValueError(f"parameters differ from the snapshot's: {sorted(named.keys() ^ self.params.keys())}")
         for name, p in named.items():
             if p.shape != self.params[name].shape:
-                raise ValueError(f"parameter '{name}' has shape {tuple(p.shape)}, {tuple(self.params[name].shape)} in the snapshot")
+                raise ValueError(f"parameter '{name}' has shape {tuple(p.shape)}, {tuple(self.params[name].shape)} in "
+                                 "the snapshot")
         return [(named[k], self.params[k]) for k in self.params]
 
     @torch.no_grad()
@@ -194,7 +196,8 @@ class ParamSnapshot:
             raise KeyError(f"snapshot keys differ from the checkpoint's: {sorted(state.keys() ^ self.params.keys())}")
         for k, v in state.items():
             if v.shape != self.params[k].shape:
-                raise ValueError(f"snapshot '{k}' has shape {tuple(v.shape)} in the checkpoint, {tuple(self.params[k].shape)} here")
+                raise ValueError(f"snapshot '{k}' has shape {tuple(v.shape)} in the checkpoint, "
+                                 f"{tuple(self.params[k].shape)} here")
             self.params[k].copy_(v)
 
 

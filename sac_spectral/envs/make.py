@@ -98,13 +98,15 @@ def make_env(env_id: str, seed: int, action_repeat: int = 1) -> gym.Env:
         try:
             env = gym.make(gym_id, disable_env_checker=True)
         except gym.error.DependencyNotInstalled as err:
-            raise UnknownEnvError(f"environment '{env_id}' needs an extra: {err} (pip install -e '.[mujoco]')") from None
+            raise UnknownEnvError(f"environment '{env_id}' needs an extra: {err} "
+                                  "(pip install -e '.[mujoco]')") from None
         except Exception as err:  # noqa: BLE001 - a registered id whose entry point fails in any way
             raise UnknownEnvError(f"environment '{env_id}' is registered but cannot be built here "
                                   f"({type(err).__name__}: {one_line(err)})") from None
         if not isinstance(env.action_space, spaces.Box):
             raise UnknownEnvError(
-                f"environment '{env_id}' has a {type(env.action_space).__name__} action space; SAC needs a continuous Box"
+                f"environment '{env_id}' has a {type(env.action_space).__name__} action space; SAC needs a continuous "
+                "Box"
             )
         if not isinstance(env.observation_space, spaces.Box) or len(env.observation_space.shape) != 1:
             env = FlattenObservation(env)

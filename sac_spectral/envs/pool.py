@@ -30,7 +30,8 @@ class EnvPool:
     """``len(seeds)`` envs of one id; env ``i`` is built and first reset with ``seeds[i]`` (or the
     ``envs`` given, already seeded)."""
 
-    def __init__(self, env_id: str, seeds: list[int], action_repeat: int = 1, envs: Sequence[gym.Env] | None = None) -> None:
+    def __init__(self, env_id: str, seeds: list[int], action_repeat: int = 1,
+                 envs: Sequence[gym.Env] | None = None) -> None:
         self.replace(list(envs) if envs is not None else [make_env(env_id, s, action_repeat) for s in seeds])
         self.obs_dim = int(self.obs.shape[1])
         self.act_dim = int(self.envs[0].action_space.shape[0])

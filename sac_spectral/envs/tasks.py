@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import gymnasium as gym
@@ -67,7 +68,8 @@ def _factor(value: Any, where: str) -> float | tuple[float, float]:
         return float(value)
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_positive, value)) and value[0] <= value[1]:
         return (float(value[0]), float(value[1]))
-    raise TaskError(f"{where}: expected a finite factor > 0 or a range [low, high] with 0 < low <= high < inf, got {value!r}")
+    raise TaskError(f"{where}: expected a finite factor > 0 or a range [low, high] with 0 < low <= high < inf, got "
+                    f"{value!r}")
 
 
 def describe_dynamics(dynamics: Mapping[str, float | tuple[float, float]]) -> str:
@@ -126,12 +128,35 @@ class Stage:
     spec: Task
 
 
+def owed(step: int, random_steps: int, replay_ratio: float) -> int:
+    """Updates the replay ratio owes after ``step`` env steps, ``random_steps`` of them warm-up."""
+    return math.floor(max(0, step - random_steps) * replay_ratio + 1e-9)
+
+
+@lru_cache(maxsize=8)
+def rewarm_totals(random_steps: int, replay_ratio: float, steps_per_task: int, stages: int) -> tuple[int, ...]:
+    """``totals[k]``: the updates :func:`owed` counts in the warm-ups of stages 1 … k of a sequence
+    whose switches clear the buffer (which those stages do not run)."""
+    window, totals = min(random_steps, steps_per_task), [0]
+    for k in range(1, stages):
+        start = k * steps_per_task
+        totals.append(totals[-1] + owed(start + window, random_steps, replay_ratio)
+                      - owed(start, random_steps, replay_ratio))
+    return tuple(totals)
+
+
 class TaskSequence:
     """The stages of ``tasks`` × ``cycles``, ``steps_per_task`` env steps each, built when asked
-    for. A plain run is the sequence of its one env, one stage of all its steps."""
+    for. A plain run is the sequence of its one env, one stage of all its steps.
 
-    def __init__(self, tasks: Sequence[Task], steps_per_task: int, cycles: int = 1) -> None:
+    Its schedule of updates: ``random_steps`` uniform-random warm-up steps begin the run and, where
+    ``rewarm`` (a switch clears the buffer), every later stage; after them the replay ratio owes
+    ``replay_ratio`` updates per env step."""
+
+    def __init__(self, tasks: Sequence[Task], steps_per_task: int, cycles: int = 1, random_steps: int = 0,
+                 replay_ratio: float = 1.0, rewarm: bool = False) -> None:
         self.tasks, self.steps_per_task, self.cycles = list(tasks), steps_per_task, cycles
+        self.random_steps, self.replay_ratio, self.rewarm = random_steps, replay_ratio, rewarm
 
     def __len__(self) -> int:
         return len(self.tasks) * self.cycles
@@ -148,6 +173,28 @@ class TaskSequence:
     def stage_at(self, step: int) -> Stage:
         """The stage whose env acts at env step ``step`` (0-based; the last stage after the end)."""
         return self.stage(min(step // self.steps_per_task, len(self) - 1))
+
+    def ending(self, step: int) -> Stage:
+        """The stage that env step ``step`` (the count of steps taken) ends or is in: the one its
+        last action, step ``step − 1``, acted in."""
+        return self.stage_at(max(step - 1, 0))
+
+    def warmup_end(self, stage: int) -> int:
+        """The env step up to which stage ``stage`` acts uniformly at random without updates:
+        ``random_steps`` into the run, and into each stage that starts from a cleared buffer."""
+        return stage * self.steps_per_task * (stage > 0 and self.rewarm) + self.random_steps
+
+    def updates_by(self, step: int) -> int:
+        """Updates the replay ratio owes after ``step`` env steps (priming's are extra), less those of
+        the warm-ups of the stages after a cleared buffer."""
+        done = owed(step, self.random_steps, self.replay_ratio)
+        if not self.rewarm or step <= self.steps_per_task:
+            return done
+        stage = self.ending(step).index
+        start, window = stage * self.steps_per_task, min(self.random_steps, self.steps_per_task)
+        earlier = rewarm_totals(self.random_steps, self.replay_ratio, self.steps_per_task, len(self))[stage - 1]
+        return (done - earlier - owed(min(step, start + window), self.random_steps, self.replay_ratio)
+                + owed(start, self.random_steps, self.replay_ratio))
 
     def is_switch(self, step: int) -> bool:
         """Whether env step ``step`` ends a stage that another follows."""
@@ -205,7 +252,8 @@ def apply_dynamics(env: gym.Env, factors: Mapping[str, float]) -> None:
         return
     model = mujoco_model(env)
     if model is None:
-        raise TaskError(f"dynamics {dict(factors)} need a MuJoCo env (DMC or gymnasium MuJoCo), not {env.spec.id if env.spec else env}")
+        raise TaskError(f"dynamics {dict(factors)} need a MuJoCo env (DMC or gymnasium MuJoCo), not "
+                        f"{env.spec.id if env.spec else env}")
     for key, f in factors.items():
         if key == "friction":
             model.geom_friction[:, 0] *= f

@@ -28,6 +28,7 @@ from sac_spectral.regularizers.spectral_norm import SpectralNorm
 from sac_spectral.regularizers.wasserstein_init import WassersteinInit
 
 __all__ = [
-    "CBP", "L2", "L2Init", "NaP", "Parseval", "PlasticityInjection", "REGISTRY", "ReDo", "Regularizer", "Reset", "ShrinkPerturb", "Spectral",
-    "SpectralNorm", "WassersteinInit", "acts_at", "build_regularizers", "parameter_copies", "penalized_step", "register", "regularized_step", "validate_specs",
+    "CBP", "L2", "L2Init", "NaP", "Parseval", "PlasticityInjection", "REGISTRY", "ReDo", "Regularizer", "Reset",
+    "ShrinkPerturb", "Spectral", "SpectralNorm", "WassersteinInit", "acts_at", "build_regularizers", "parameter_copies",
+    "penalized_step", "register", "regularized_step", "validate_specs",
 ]

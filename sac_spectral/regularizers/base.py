@@ -12,8 +12,9 @@ of a member-batched network) or ``[]`` (one number for the whole network).
 
 Interventions that need more than the parameters get it from their owner:
 - ``attach(optimizer)``: the network's optimizer, whose moments they reset;
-- ``set_probe(fn)``: ``fn()`` returns a batch of the network's inputs (the RL agent passes the
-  current replay batch, a supervised loop its data) for activation statistics;
+- ``set_probe(fn)``: ``fn()`` returns a batch of the network's inputs (the RL engine hands over
+  each update's replay batch before that update's ``after_step``, a supervised loop its data) for
+  activation statistics;
 - ``set_target(module)``: the network's Polyak-averaged copy (RL targets), for interventions that
   change the network's function beyond its parameters;
 - ``seed_members(seeds)``: one random stream per member for their draws (perturbation noise,
@@ -123,7 +124,8 @@ class Regularizer:
         state = dict(state)
         rng = state.pop(_RNG_KEY, None)
         if (rng is None) != (not self.generators):
-            raise KeyError(f"{self.name}: random-stream state {'missing from' if rng is None else 'unexpected in'} the checkpoint")
+            raise KeyError(f"{self.name}: random-stream state {'missing from' if rng is None else 'unexpected in'} the "
+                           "checkpoint")
         missing = set(self.state) ^ set(state)
         if missing:
             raise KeyError(f"{self.name}: state keys differ from the checkpoint's: {sorted(missing)}")
@@ -136,13 +138,15 @@ class Regularizer:
             self.state[key].copy_(value)
         if rng is not None:
             if len(rng) != len(self.generators):
-                raise ValueError(f"{self.name}: checkpoint has {len(rng)} random streams, this network {len(self.generators)}")
+                raise ValueError(f"{self.name}: checkpoint has {len(rng)} random streams, this network "
+                                 f"{len(self.generators)}")
             for g, s in zip(self.generators, rng):
                 g.set_state(s.clone())  # a row view of the stacked states is not accepted as is
 
     def _require_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
-            raise RuntimeError(f"{self.name}: call attach(optimizer) first, so the optimizer state of changed parameters is reset")
+            raise RuntimeError(f"{self.name}: call attach(optimizer) first, so the optimizer state of changed "
+                               "parameters is reset")
         return self.optimizer
 
 

@@ -122,7 +122,8 @@ class CBP(Regularizer):
         for i, layer in enumerate(self.layers):
             magnitude = sum(outgoing_magnitude(c) for c in layer.consumers)
             per_feature = feats[i] * magnitude
-            out.append(layer.unit_scores(per_feature) * layer.groups)  # the mean over a unit's features, times their number
+            # the mean over a unit's features, times their number
+            out.append(layer.unit_scores(per_feature) * layer.groups)
         return out
 
     @torch.no_grad()

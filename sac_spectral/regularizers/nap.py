@@ -43,7 +43,8 @@ NORM_PARAMS = ("joint", "free")
 _EPS = 1e-12
 HINT = ("set layer_norm: true (RL: actor.layer_norm=true, critic.layer_norm=true) "
         "or model.norm=layer (continual)")
-SIMBA_HINT = "SimBa's blocks have none between their first Linear and the ReLU; use arch=bronet or arch=mlp with layer_norm=true"
+SIMBA_HINT = ("SimBa's blocks have none between their first Linear and the ReLU; use arch=bronet or arch=mlp "
+              "with layer_norm=true")
 
 
 def unnormalized_layers(module: nn.Module) -> list[str]:

@@ -54,7 +54,6 @@ from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
 
-
 def _batched_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return torch.bmm(x, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
 
@@ -99,21 +98,25 @@ class Head:
             self.outputs = list(module.heads)
         else:
             containers = list(dict.fromkeys(type(m).__name__ for m in module.modules()
-                                            if next(m.children(), None) is not None and not isinstance(m, nn.Sequential)))
+                                            if next(m.children(), None) is not None
+                                            and not isinstance(m, nn.Sequential)))
             require(isinstance(module, nn.Sequential) and not containers,
                     f"plasticity_injection with levels={levels} needs the layer order: a BatchedMLP or an "
                     f"nn.Sequential, got {', '.join(containers) or type(module).__name__} "
                     "(levels=1 injects its output layers)")
             leaves = [m for m in module.modules() if next(m.children(), None) is None]
             weighted = [i for i, m in enumerate(leaves) if isinstance(m, WEIGHTED)]
-            require(levels <= len(weighted), f"levels must be <= {len(weighted)} (the network's linear/conv layers), got {levels}")
+            require(levels <= len(weighted),
+                    f"levels must be <= {len(weighted)} (the network's linear/conv layers), got {levels}")
             self.leaves = leaves[weighted[-levels] : weighted[-1] + 1]
             self.modules = [m for m in self.leaves if any(True for _ in m.parameters(recurse=False))]
             self.outputs = [self.leaves[-1]]
         bad = [type(m).__name__ for m in self.modules if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        require(not bad, "plasticity_injection: batch normalization in the head is not supported (its running statistics)")
+        require(not bad,
+                "plasticity_injection: batch normalization in the head is not supported (its running statistics)")
         self.entry = None if self.single else (self.leaves or self.modules)[0]
-        self.slots = [(mod, name) for mod in self.modules for name in ("weight", "bias") if getattr(mod, name, None) is not None]
+        self.slots = [(mod, name) for mod in self.modules for name in ("weight", "bias")
+                      if getattr(mod, name, None) is not None]
 
     def params(self) -> list[Tensor]:
         """The head's parameters (weight, then bias, module by module)."""
@@ -156,7 +159,8 @@ class _Hooks:
         self.head, self.old, self.init, self.owner = head, old, init, owner
         self.delta: list[Tensor] | None = None
         self.handles = [] if head.entry is None else [head.entry.register_forward_pre_hook(self._pre)]
-        self.handles += [out.register_forward_hook(functools.partial(self._post, k)) for k, out in enumerate(head.outputs)]
+        self.handles += [out.register_forward_hook(functools.partial(self._post, k)) for k,
+                         out in enumerate(head.outputs)]
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -228,7 +232,8 @@ class PlasticityInjection(Regularizer):
         """``module`` follows this network by Polyak averaging: inject it alike."""
         head = Head(module, self.levels)
         shapes = [p.shape for p in head.params()]
-        require(shapes == [p.shape for p in self.head.params()], "plasticity_injection: the target's head differs from the network's")
+        require(shapes == [p.shape for p in self.head.params()],
+                "plasticity_injection: the target's head differs from the network's")
         self.target_head = head
         for j, p in enumerate(head.params()):
             self.state[f"target_old{j}"] = torch.zeros_like(p, requires_grad=False)

@@ -39,7 +39,6 @@ from sac_spectral.regularizers.base import Regularizer, require
 from sac_spectral.regularizers.registry import register
 
 
-
 def _units(layer: nn.Module) -> int:
     return layer.out_channels if isinstance(layer, nn.modules.conv._ConvNd) else layer.out_features
 
@@ -92,7 +91,8 @@ def hidden_layers(module: nn.Module) -> list[HiddenLayer]:
     """The hidden layers of a BatchedMLP or an nn.Sequential, in order, or the units a network
     names itself (``hidden_units()``: a residual network's inner block units); ``ValueError`` otherwise."""
     if hasattr(module, "hidden_units"):
-        return [HiddenLayer(producer, consumers, 1, True, norms) for producer, consumers, norms in module.hidden_units()]
+        return [HiddenLayer(producer, consumers, 1, True, norms) for producer, consumers,
+                norms in module.hidden_units()]
     if isinstance(module, BatchedMLP):
         norms = list(module.norms) if module.norms is not None else []
         consumers = [[layer] for layer in module.layers[1:]] + [list(module.heads)]
@@ -113,7 +113,8 @@ def hidden_layers(module: nn.Module) -> list[HiddenLayer]:
         if isinstance(leaf, WEIGHTED):
             if producer is not None:
                 h, fin = _units(producer), _inputs(leaf)
-                flattened = isinstance(producer, nn.modules.conv._ConvNd) and not isinstance(leaf, nn.modules.conv._ConvNd)
+                conv = nn.modules.conv._ConvNd
+                flattened = isinstance(producer, conv) and not isinstance(leaf, conv)
                 if fin != h and not (flattened and fin % h == 0):
                     raise ValueError(f"redo cannot map the {h} units before '{name}' to its {fin} inputs")
                 out.append(HiddenLayer(producer, [leaf], fin // h, fin == h, norms))

@@ -84,7 +84,8 @@ def validate_specs(specs: Sequence[Mapping[str, Any]], key: str) -> None:
     _lookup_all(specs, key)
 
 
-def build_regularizers(module: nn.Module, specs: Sequence[Mapping[str, Any]], key: str = "regularizers") -> list[Regularizer]:
+def build_regularizers(module: nn.Module, specs: Sequence[Mapping[str, Any]],
+                       key: str = "regularizers") -> list[Regularizer]:
     """Build one regularizer per config entry on ``module``; bad values raise ConfigError."""
     out = []
     for i, (cls, kwargs) in enumerate(_lookup_all(specs, key)):

@@ -317,7 +317,8 @@ class Spectral(ClosedFormPenalty):
             u = torch.cat([u.expand(members, -1) for _, _, u in layers])
             v = torch.zeros(len(layers) * members, shape[2], dtype=dtype, device=device)
             for j, (i, _, _) in enumerate(layers):
-                self.state[f"u{i}"], self.state[f"v{i}"] = u[j * members : (j + 1) * members], v[j * members : (j + 1) * members]
+                part = slice(j * members, (j + 1) * members)
+                self.state[f"u{i}"], self.state[f"v{i}"] = u[part], v[part]
             groups.append(_Group([view.module for _, view, _ in layers], shape, u, v))
         bias_modules = [v.module for i, v in enumerate(self.views) if i in self._bias_index]
         if not groups and not bias_modules:

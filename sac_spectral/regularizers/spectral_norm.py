@@ -62,7 +62,8 @@ class SpectralNorm(Regularizer):
             self.state[f"u{i}"] = u.expand(members, rows).clone()
             self.state[f"v{i}"] = torch.zeros(members, cols, dtype=w.dtype, device=w.device)
             power_step(w, self.state[f"u{i}"], self.state[f"v{i}"], _WARMUP_ITERS)
-        self.state["sigma_before"] = torch.ones(len(self.views), self.views[0].members, device=self.views[0].weight().device)
+        self.state["sigma_before"] = torch.ones(len(self.views), self.views[0].members,
+                                                device=self.views[0].weight().device)
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:

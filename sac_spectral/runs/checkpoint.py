@@ -62,7 +62,8 @@ def replaceable(path: Path) -> Path:
         return target
     if not stat.S_ISREG(mode):
         kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a device, pipe or socket)"
-        raise ConfigError(f"{path} is {kind}; only a regular file (or a new name) can be written, so nothing was written")
+        raise ConfigError(f"{path} is {kind}; only a regular file (or a new name) can be written, so nothing was "
+                          "written")
     return target
 
 
@@ -153,7 +154,8 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     verify_archive(path)
     state = _torch_load(path, mmap=mmap)
     if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a run's state; nothing was changed")
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a run's state; nothing was "
+                              "changed")
     return state
 
 
@@ -162,7 +164,8 @@ def checkpoint_config(path: Path) -> dict[str, Any] | None:
     read without loading its tensors (memory-mapped)."""
     state = _torch_load(path, mmap=True)
     if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a run's state; nothing was changed")
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a run's state; nothing was "
+                              "changed")
     saved = state.get("config")
     return saved if isinstance(saved, dict) else None
 

@@ -54,7 +54,8 @@ def build_parser(prog: str, description: str, cls: type) -> argparse.ArgumentPar
     )
     parser.add_argument("--config", metavar="FILE", help="YAML config; keys not given keep their defaults")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    dotted = next((key for key, tp, _, _ in describe(cls) if "." in key and key.endswith(".lr") and tp == "float"), None)
+    dotted = next((key for key, tp, _, _ in describe(cls) if "." in key and key.endswith(".lr") and tp == "float"),
+                  None)
     example = "seed=3" + (f" {dotted}=1e-4" if dotted else "")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}")
     return parser
@@ -79,7 +80,8 @@ def split_overrides(argv: Sequence[str], value_options: Iterable[str]) -> tuple[
     return overrides, rest
 
 
-def parse_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None, value_options: Iterable[str]) -> argparse.Namespace:
+def parse_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+              value_options: Iterable[str]) -> argparse.Namespace:
     """``parser.parse_args`` with ``key=value`` overrides accepted anywhere on the command line
     (before, between and after options); they land in ``args.overrides`` in their order."""
     overrides, rest = split_overrides(list(sys.argv[1:] if argv is None else argv), value_options)
@@ -121,7 +123,8 @@ def resolve_config(cls: type[T], args: argparse.Namespace, resumable: Iterable[s
     for text in args.overrides:
         key = ".".join(parse_override(text)[0])
         if key not in allowed:
-            raise ConfigError(f"'{key}' cannot change on --resume; resumable keys: {', '.join(sorted(allowed)) or 'none'}")
+            raise ConfigError(f"'{key}' cannot change on --resume; resumable keys: "
+                              f"{', '.join(sorted(allowed)) or 'none'}")
     data = read_yaml(run_dir / CONFIG_FILE)
     try:
         before = merge_sources(cls, data)
@@ -154,7 +157,8 @@ def check_takes_effect(cls: type, data: Mapping[str, Any], before: Any, text: st
     was = flatten(to_dict(before)).get(key)
     if value != was and to_dict(merge_sources(cls, data, [text])) == to_dict(before):
         why = {row[0]: row[3] for row in describe(cls)}.get(key, "")
-        raise ConfigError(f"{text} would not take effect: this run's config derives {key} ({was}) from its other keys ({why})")
+        raise ConfigError(f"{text} would not take effect: this run's config derives {key} ({was}) from its other keys "
+                          f"({why})")
 
 
 def config_differences(saved: Mapping[str, Any], cfg: Any, resumable: Iterable[str]) -> list[str]:
@@ -211,5 +215,6 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
         print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 1
     except (MemoryError, torch.OutOfMemoryError) as err:
-        print(f"error: out of memory ({one_line(err, 160)}); reduce the batch, buffer or network sizes", file=sys.stderr)
+        print(f"error: out of memory ({one_line(err, 160)}); reduce the batch, buffer or network sizes",
+              file=sys.stderr)
         return 1

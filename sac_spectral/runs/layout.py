@@ -4,8 +4,9 @@ A run directory holds TensorBoard event files, the resolved ``config.yaml``,
 ``checkpoints/latest.pt``, ``evals.csv``, ``videos/`` (RL runs with ``video_every``) and, when the
 run completes, ``summary.json``. ``config.yaml``, the checkpoint and ``summary.json`` record the
 run's kind (:mod:`sac_spectral.runs.kinds`); ``config.yaml`` holds only the config below that
-comment line, so that it stays a valid ``--config`` file and the source of ``--resume``. :func:`written_by_a_run` says which files a run stopped
-before its first checkpoint may have left (the runners restart such a run, a sweep removes it).
+comment line, so that it stays a valid ``--config`` file and the source of ``--resume``. :func:`written_by_a_run` says
+which files a run stopped before its first checkpoint may have left (the runners restart such a run, a sweep removes
+it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def written_by_a_run(run_dir: Path) -> bool:
         if p.name in allowed and p.is_dir():
             if any(not (q.is_file() and allowed[p.name].match(q.name)) for q in p.iterdir()):
                 return False
-        elif not (p.is_file() and (p.name in (CONFIG_FILE, EVALS) or p.name.startswith(EVENTS) or TEMP_FILE.match(p.name))):
+        elif not (p.is_file() and (p.name in (CONFIG_FILE,
+                                              EVALS) or p.name.startswith(EVENTS) or TEMP_FILE.match(p.name))):
             return False
     return True

@@ -2,9 +2,9 @@
 
 The estimates count the big allocations — replay buffer, parameters (of the networks as built,
 on PyTorch's meta device) with their gradients and Adam moments, a batch's activations (forward
-and backward), datasets — and ignore the small ones, so they are lower bounds that err on the side of letting a run start. The available memory
-is the kernel's ``MemAvailable`` (``/proc/meminfo``), capped by a cgroup v2 limit when the process
-runs in one; on a CUDA device it is the device's free memory.
+and backward), datasets — and ignore the small ones, so they are lower bounds that err on the side of letting a run
+start. The available memory is the kernel's ``MemAvailable`` (``/proc/meminfo``), capped by a cgroup v2 limit when the
+process runs in one; on a CUDA device it is the device's free memory.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def check_fits(parts: Mapping[str, float], device: torch.device | str, hint: str
     available = available_bytes(device)
     if available is None or total <= available:
         return
-    shown = ", ".join(f"{name} {format_bytes(size)}" for name, size in sorted(parts.items(), key=lambda kv: -kv[1]) if size)
+    shown = ", ".join(f"{name} {format_bytes(size)}" for name,
+                      size in sorted(parts.items(), key=lambda kv: -kv[1]) if size)
     raise ConfigError(
         f"not enough memory: this config needs at least {format_bytes(total)} ({shown}) but "
         f"{format_bytes(available)} is available on {torch.device(device)}; reduce {hint}"

@@ -29,7 +29,6 @@ from sac_spectral.runs.layout import CHECKPOINT, SUMMARY
 from sac_spectral.runs.logger import RunLogger
 from sac_spectral.runs.rundir import release_run_dirs, remove_stale_temp_files, write_config
 
-
 #: the progress bar without tqdm's time-left estimate: its rate over the steps done so far says
 #: nothing of the work left (a warm-up step costs far less than a step with updates)
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
@@ -228,7 +227,8 @@ class Run:
             self._close_bar()
             self._close_logger()
             print(f"error: {describe_os_error(err)} at {loop.position()}; stopping; {self._kept()}; "
-                  f"free some space, then resume with: python -m {self.module} --resume {loop.run_dir}", file=sys.stderr)
+                  f"free some space, then resume with: python -m {self.module} --resume {loop.run_dir}",
+                  file=sys.stderr)
             return 1
 
     def _finish(self) -> None:
@@ -254,7 +254,8 @@ class Run:
     def _kept(self) -> str:
         run_dir = self.loop.run_dir
         kept = run_dir / CHECKPOINT if run_dir else None
-        return f"the last good checkpoint is kept at {kept}" if kept and kept.is_file() else "no checkpoint had been written yet"
+        return (f"the last good checkpoint is kept at {kept}" if kept and kept.is_file()
+                else "no checkpoint had been written yet")
 
     def _close_bar(self) -> None:
         if self.bar is not None:

@@ -18,6 +18,7 @@ import yaml
 
 from sac_spectral.core.config import (
     ConfigError,
+    flatten,
     read_yaml,
     to_dict,
 )
@@ -34,7 +35,6 @@ from sac_spectral.runs.layout import (
     VIDEOS,
     written_by_a_run,
 )
-from sac_spectral.core.config import flatten
 
 #: errno values that mean a path cannot be used by this process (bad input, not an I/O failure)
 UNUSABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
@@ -46,7 +46,8 @@ _LOCKS: dict[Path, int] = {}
 def stale_temp_files(run_dir: Path) -> list[Path]:
     """Temporary files of interrupted atomic writes (a kill -9 during a write of the checkpoint,
     ``config.yaml``, ``summary.json`` or ``evals.csv``)."""
-    return [p for d in (run_dir, run_dir / CHECKPOINT.parent) if d.is_dir() for p in d.iterdir() if TEMP_FILE.match(p.name)]
+    return [p for d in (run_dir,
+                        run_dir / CHECKPOINT.parent) if d.is_dir() for p in d.iterdir() if TEMP_FILE.match(p.name)]
 
 
 def remove_stale_temp_files(run_dir: Path) -> None:
@@ -117,7 +118,8 @@ def check_new_run_dir(path: Path, cls: type) -> bool:
     if is_unstarted_run_dir(path, cls):
         return True
     if (path / CHECKPOINT).exists() or (path / SUMMARY).exists():
-        raise ConfigError(f"run_dir '{path}' already exists and holds a run; resume it with --resume {path} or choose another run_dir")
+        raise ConfigError(f"run_dir '{path}' already exists and holds a run; resume it with --resume {path} or choose "
+                          "another run_dir")
     raise ConfigError(f"run_dir '{path}' already exists and holds other files; choose another (or an empty) run_dir")
 
 
@@ -176,7 +178,8 @@ def open_run_dir(cfg: Any, kind: str, default_name: str, root: str = "runs") -> 
             if not reuse:
                 raise ConfigError(f"run_dir '{path}' was filled by another process; choose another run_dir")
             clear_unstarted_run_dir(path)
-            print(f"note: {path} held a run stopped before its first checkpoint; starting afresh in it", file=sys.stderr)
+            print(f"note: {path} held a run stopped before its first checkpoint; starting afresh in it",
+                  file=sys.stderr)
         write_config(cfg, kind, path)
     except BaseException as err:
         if created:

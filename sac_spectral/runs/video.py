@@ -11,8 +11,8 @@ extra). A video path that exists must be a regular file, which is replaced; a sy
 followed and its target written (:func:`check_video_path`).
 
 Frames are drawn without shadows and reflections unless asked (``shadows=True``): software
-OpenGL draws them about 7× slower. Videos play in real time, at most :data:`MAX_FPS` frames per second: an env that steps faster is
-rendered every k-th step.
+OpenGL draws them about 7× slower. Videos play in real time, at most :data:`MAX_FPS` frames per second: an env that
+steps faster is rendered every k-th step.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from sac_spectral.envs.episode import run_episode
 from sac_spectral.core.config import ConfigError, one_line
+from sac_spectral.envs.episode import run_episode
 from sac_spectral.runs.checkpoint import atomic_write, replaceable
 
 VIDEO_SUFFIXES = (".mp4", ".gif")

@@ -221,7 +221,8 @@ def accuracy_per_task(al: Aligned, colors: dict[str, Any], kind: RunKind) -> Any
     """The score (and the held-out score, where measured) at every evaluation, per task."""
     import matplotlib.pyplot as plt
 
-    splits = [("train", al.scores)] + ([("test", al.test)] if any(np.isfinite(a).any() for a in al.test.values()) else [])
+    splits = [("train",
+               al.scores)] + ([("test", al.test)] if any(np.isfinite(a).any() for a in al.test.values()) else [])
     fig, axes = plt.subplots(len(al.tasks), len(splits), figsize=(6 * len(splits), 3.6 * len(al.tasks)), squeeze=False)
     for j, task in enumerate(al.tasks):
         for k, (split, arrays) in enumerate(splits):
@@ -232,7 +233,8 @@ def accuracy_per_task(al: Aligned, colors: dict[str, Any], kind: RunKind) -> Any
                 ax.plot(al.x, mean, color=colors[m], label=m, markevery=max(1, len(al.x) // 10), **_style(i))
                 ax.fill_between(al.x, mean - sd, mean + sd, color=colors[m], alpha=0.2)
             _few_ticks(ax, 5)
-            ax.set_title(f"{task}: {kind.score if split == 'train' else kind.test} (mean ± std over seeds)", fontsize="medium")
+            ax.set_title(f"{task}: {kind.score if split == 'train' else kind.test} (mean ± std over seeds)",
+                         fontsize="medium")
             ax.set_xlabel(kind.x_label)
             ax.set_ylabel(kind.score if split == "train" else str(kind.test))
             ax.set_ylim(-0.02, 1.02)

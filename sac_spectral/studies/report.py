@@ -1,4 +1,5 @@
-"""``python -m sac_spectral.report RUN_OR_SWEEP_DIR ... [--out DIR] [--baseline METHOD] [--fresh-reference METHOD] [--reps N]``
+"""``python -m sac_spectral.report RUN_OR_SWEEP_DIR ... [--out DIR] [--baseline METHOD] [--fresh-reference METHOD]
+[--reps N]``
 
 Aggregate results of runs and sweeps the way Agarwal et al. (2021) recommend, with their library
 ``rliable``: IQM, mean, median and optimality gap of normalized scores over all runs (tasks ×
@@ -74,7 +75,8 @@ def profile(scores: np.ndarray, taus: np.ndarray) -> np.ndarray:
 MIN_SEEDS = 5
 
 
-def interval_estimates(scores: dict[str, Any], func: Callable[..., np.ndarray], reps: int, seed: int) -> tuple[dict, dict]:
+def interval_estimates(scores: dict[str, Any], func: Callable[..., np.ndarray], reps: int,
+                       seed: int) -> tuple[dict, dict]:
     """rliable's stratified-bootstrap point and 95 % interval estimates for each key. rliable draws
     its resampling indices from numpy's global generator: it is seeded with ``seed`` for each key
     (so a method's interval does not depend on the other methods in the report) and restored
@@ -169,7 +171,8 @@ def _aggregate_section(al: Aligned, st: dict[str, Any], metrics: list[str], data
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {len(al.tasks)} | {len(al.seeds[m])} |")
         data["methods"][m] = {
             "seeds": al.seeds[m], "n_tasks": len(al.tasks), "n_runs": int(st["final"][m].size),
-            **{name.lower().replace(" ", "_"): [float(p[i]), float(c[0, i]), float(c[1, i])] for i, name in enumerate(metrics)},
+            **{name.lower().replace(" ", "_"): [float(p[i]), float(c[0, i]), float(c[1, i])] for i,
+               name in enumerate(metrics)},
             "iqm_curve": {"x": al.x.tolist(), "point": st["curve_point"][m].tolist(),
                           "lo": st["curve_ci"][m][0].tolist(), "hi": st["curve_ci"][m][1].tolist()},
         }
@@ -325,13 +328,17 @@ def _predictors_section(study: Study, data: dict[str, Any]) -> list[str]:
 
 
 CAPTIONS = {
-    "iqm_curves.png": "IQM of the score over training (all tasks × seeds) with 95 % CI bands (task sequences: switches dashed)",
+    "iqm_curves.png": "IQM of the score over training (all tasks × seeds) with 95 % CI bands (task sequences: switches "
+                      "dashed)",
     "per_task_curves.png": "each task: mean over seeds with 95 % bootstrap CI",
-    "final_scores.png": "final median, IQM, mean (and optimality gap) with 95 % CIs; the bar is the CI, the tick the point estimate",
+    "final_scores.png": "final median, IQM, mean (and optimality gap) with 95 % CIs; the bar is the CI, the tick the "
+                        "point estimate",
     "probability_of_improvement.png": "P(X > {baseline}) with 95 % CIs; right of 0.5 = X tends to beat the baseline",
-    "performance_profile.png": "fraction of runs whose final score exceeds τ, with 95 % CI bands; a curve above another dominates it",
+    "performance_profile.png": "fraction of runs whose final score exceeds τ, with 95 % CI bands; a curve above "
+                               "another dominates it",
     "accuracy_per_task.png": "end-of-task train (and test) accuracy by task index, mean ± std over seeds",
-    "continual_tasks.png": "task sequences: each task over the whole run, the switches dashed with each stage's index and "
+    "continual_tasks.png": "task sequences: each task over the whole run, the switches dashed with each stage's index "
+                           "and "
                            "task, evaluations in a warm-up hollow (several tasks: each task's own stages shaded)",
 }
 
@@ -353,7 +360,8 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
         lines += _first_last_section(al, study.kind, data)
     lines += _priming_section(study, data)
     if seqs is not None:
-        lines += continual_section(seqs, lambda scores, func: interval_estimates(scores, func, reps, seed), data, reference)
+        lines += continual_section(seqs, lambda scores, func: interval_estimates(scores, func, reps, seed), data,
+                                   reference)
         lines += switch_section(study, data)
     if diagnostics:
         lines += _diagnostics_section(study, diagnostics, reps, seed, data, notes)
@@ -398,7 +406,8 @@ def resolve_baseline(name: str | None, methods: list[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sac_spectral.report", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR", help="run directories, sweep directories or folders holding them")
+    parser.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR",
+                        help="run directories, sweep directories or folders holding them")
     parser.add_argument("--out", help="output folder (default: <first dir>/report)")
     parser.add_argument("--baseline", help="method the others are compared with (default: the first)")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default: 2000)")

@@ -22,7 +22,8 @@ from sac_spectral.studies.spec import STATUS, SWEEP_FILE
 NOT_METHOD = ("run_dir", "seed", "num_seeds", "threads", "progress", "device", "log_every", "checkpoint_every",
               "eval_every", "eval_episodes", "total_steps", "stream.num_tasks", "diagnostics", "diagnostics_every")
 #: diagnostics compared before and after heavy priming (summary.json "priming"; per seed)
-PRIMING_KEYS = ("grad_rank/critic/erank", "grad_rank/actor/erank", "features/critic/erank", "features/critic/stable_rank",
+PRIMING_KEYS = ("grad_rank/critic/erank", "grad_rank/actor/erank", "features/critic/erank",
+                "features/critic/stable_rank",
                 "features/critic/norm", "active/critic/fraction", "dormant/critic/fraction", "dormant/actor/fraction",
                 "weights/critic/distance_from_init", "churn/critic")
 
@@ -108,7 +109,8 @@ def read_run(run_dir: Path, method: str, task_keys: Sequence[str]) -> tuple[RunK
         mine = [r for r in rows if r["seed"] == seed]
         x = np.array([r[kind.x] for r in mine], dtype=float)
         y = np.array([r[kind.score] for r in mine], dtype=float) / (scale or 1.0)
-        test = np.array([np.nan if r.get(kind.test) is None else r[kind.test] for r in mine], dtype=float) if kind.test else None
+        test = np.array([np.nan if r.get(kind.test) is None else r[kind.test] for r in mine],
+                        dtype=float) if kind.test else None
         i = _ordered(run_dir, seed, x, kind.x)
         curves.append(Curve(method, task, seed, run_dir, x[i], y[i], None if test is None else test[i]))
     return kind, curves, scale is not None
@@ -121,7 +123,8 @@ def finite_curves(curves: list[Curve], warnings: list[str]) -> list[Curve]:
         bad = ~np.isfinite(c.y)
         if bad.any():
             warnings.append(f"{c.run} (seed {c.seed}) left out: non-finite score "
-                            f"({', '.join(f'{v:g}' for v in c.y[bad][:3])}) at x = {', '.join(f'{v:g}' for v in c.x[bad][:3])}")
+                            f"({', '.join(f'{v:g}' for v in c.y[bad][:3])}) at x = "
+                            f"{', '.join(f'{v:g}' for v in c.x[bad][:3])}")
         else:
             kept.append(c)
     return kept
@@ -146,14 +149,17 @@ def _discover(paths: Sequence[str]) -> tuple[list[Path], list[Path]]:
             raise ConfigError(f"'{text}' is not a directory (expected a run or sweep directory)")
         visit(p)
     if not sweeps and not runs:
-        raise ConfigError(f"no run or sweep directories under {', '.join(paths)} (a run holds {CONFIG_FILE}, a sweep {SWEEP_FILE})")
+        raise ConfigError(f"no run or sweep directories under {', '.join(paths)} (a run holds {CONFIG_FILE}, a sweep "
+                          f"{SWEEP_FILE})")
     return sweeps, runs
 
 
-def _loose_labels(runs: list[Path], configs: list[dict[str, Any]], task_keys: Sequence[str]) -> tuple[list[str], list[str]]:
+def _loose_labels(runs: list[Path], configs: list[dict[str, Any]],
+                  task_keys: Sequence[str]) -> tuple[list[str], list[str]]:
     """A label per loose run from the config keys in which they differ, and those keys; runs that
     differ in none are one method: a lone run's directory name, else ``runs``."""
-    flats = [{k: v for k, v in flatten(c).items() if k not in task_keys and not k.startswith(NOT_METHOD)} for c in configs]
+    flats = [{k: v for k,
+              v in flatten(c).items() if k not in task_keys and not k.startswith(NOT_METHOD)} for c in configs]
     keys = sorted({k for f in flats for k in f})
     differ = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flats}) > 1]
     same = runs[0].name if len(runs) == 1 else "runs"

@@ -74,7 +74,8 @@ def read_sequences(study: Study) -> Sequences:
         score, x = study.kind.score, study.kind.x
         for r in rows:
             if r.get(score) is not None:
-                curve = out.curves.setdefault(method, {}).setdefault(str(r["task"]), {}).setdefault((run, int(r["seed"])), {})
+                by_task = out.curves.setdefault(method, {}).setdefault(str(r["task"]), {})
+                curve = by_task.setdefault((run, int(r["seed"])), {})
                 curve[int(r[x])] = float(r[score]) / scale
     return out
 
@@ -110,7 +111,8 @@ def fresh_plasticity(seqs: Sequences, reference: str) -> dict[str, list[float]]:
     return out
 
 
-def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any], reference: str = "reset_all") -> list[str]:
+def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any],
+                      reference: str = "reset_all") -> list[str]:
     """The markdown table (and ``data["continual"]``) of every method's sequence runs; with a
     ``reference`` method among them, plasticity against its fresh networks (:func:`fresh_plasticity`)."""
     if not seqs.final and not seqs.forgetting:
@@ -123,21 +125,26 @@ def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any],
                **{f"plasticity/{s}": {m: seqs.plasticity.get(m, {}).get(s, []) for m in methods} for s in stages}}
     estimates = {}
     for name, values in columns.items():
-        arrays = {m: np.array(values.get(m, []), dtype=float).reshape(-1, 1) for m in methods if len(values.get(m, [])) > 1}
+        arrays = {m: np.array(values.get(m, []), dtype=float).reshape(-1, 1)
+                  for m in methods if len(values.get(m, [])) > 1}
         estimates[name] = estimate(arrays, _iqm) if arrays else ({}, {})
     header = ["final return, mean over tasks", "first stage's return", "forgetting"] + (
         [f"plasticity vs fresh networks (`{reference}`)"] if fresh else []) + [
         f"plasticity, stage {s}" + ("" if seqs.mixed else f" ({seqs.stages[s]})") for s in stages]
     lines = ["", "## Continual RL: final return, forgetting and plasticity", "",
              "Per seed: the final return averaged over the sequence's tasks; the return at the end of each "
-             "task's first stage (what the method learns of a new task, its cost or gain there); forgetting, the best return "
+             "task's first stage (what the method learns of a new task, its cost or gain there); forgetting, the best "
+             "return "
              "before the end minus the final one, averaged over tasks; plasticity, a later stage's return at its end "
              "divided by the task's first stage's at its end (below 1: the agent learns the task less well than "
-             f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. An evaluation in a stage's "
-             "warm-up (before the stage's first update: `warmup` in evals.csv) scores the networks the stage before left "
+             f"when it was new), after {'its' if seqs.mixed else seqs.steps_per_task} steps each. An evaluation in a "
+             "stage's "
+             "warm-up (before the stage's first update: `warmup` in evals.csv) scores the networks the stage before "
+             "left "
              "and counts in none of these but the final return. IQM over seeds with 95 % stratified-bootstrap CIs."
              + (f" Plasticity vs fresh networks: per seed, the mean over later stages of the stage's return at its end "
-                f"divided by `{reference}`'s on the same seed and stage (the same tasks; fresh networks at every switch): "
+                f"divided by `{reference}`'s on the same seed and stage (the same tasks; fresh networks at every "
+                "switch): "
                 "below 1, the method learns a later stage less well than fresh networks do; it is the primary measure, "
                 "since the ratio to one's own first stage is ill-conditioned where that stage fails." if fresh else "")
              + (" The runs follow different sequences: a stage is each run's own." if seqs.mixed else ""),
@@ -147,7 +154,8 @@ def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any],
         cells = [_cell(values.get(m, []), *estimates[name], m) for name, values in columns.items()]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
         data["continual"][m] = {name: {"values": values.get(m, []),
-                                       "iqm": [float(estimates[name][0][m][0]), *map(float, estimates[name][1][m][:, 0])]
+                                       "iqm": [float(estimates[name][0][m][0]),
+                                               *map(float, estimates[name][1][m][:, 0])]
                                        if m in estimates[name][0] else None}
                                 for name, values in columns.items()}
     return lines

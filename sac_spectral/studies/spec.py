@@ -45,27 +45,37 @@ class Resources:
 
 @dataclass
 class SweepConfig:
-    kind: str = option("train", "the run kind of every trial, a registered runner: train | continual | one a package registers")
+    kind: str = option("train",
+                       "the run kind of every trial, a registered runner: train | continual | one a package registers")
     name: str | None = option(None, "the sweep's folder under --out (default: the sweep file's name)")
     base: Any = option({}, "run config shared by all trials: a YAML file, or keys with an optional 'config: FILE'")
     methods: dict[str, Any] = option({}, "named override sets (dotted keys), e.g. {sac: {critic.regularizers: []}}")
-    grid: dict[str, Any] = option({}, "lists of values of run keys, e.g. {env: [dmc:cheetah-run]}; every combination is run")
+    grid: dict[str, Any] = option({}, "lists of values of run keys, e.g. {env: [dmc:cheetah-run]}; "
+                                      "every combination is run")
     seeds: list[int] = option([0], "seeds of every method and grid point")
-    seeds_per_trial: int = option(1, "consecutive seeds one trial trains together as num_seeds members (kinds that train members: train)")
+    seeds_per_trial: int = option(1,
+                                  "consecutive seeds one trial trains together as num_seeds members (kinds that train "
+                                  "members: train)")
     resources_per_trial: Resources = section(Resources, "what Ray reserves for one trial")
-    task_keys: list[str] | None = option(None, "run keys that name a task in reports (default: the kind's: env | dataset.name, stream.kind)")
+    task_keys: list[str] | None = option(None,
+                                         "run keys that name a task in reports (default: the kind's: env | "
+                                         "dataset.name, stream.kind)")
 
     def validate(self) -> None:
         check(self.kind in kind_names(), "kind", unknown_kind(self.kind))
         check(self.name is None or bool(NAME.match(self.name)), "name", f"'{self.name}' must be a plain folder name")
-        check(isinstance(self.base, (str, dict)), "base", f"expected a file name or a mapping of run keys, got {self.base!r}")
+        check(isinstance(self.base, (str, dict)), "base",
+              f"expected a file name or a mapping of run keys, got {self.base!r}")
         check(bool(self.methods), "methods", "give at least one named override set, e.g. {spectral: {}}")
         for name, overrides in self.methods.items():
             check(bool(NAME.match(str(name))), "methods", f"'{name}' must be a plain name (letters, digits, _ . + -)")
-            check(overrides is None or isinstance(overrides, dict), f"methods.{name}", f"expected a mapping of run keys, got {overrides!r}")
+            check(overrides is None or isinstance(overrides, dict), f"methods.{name}",
+                  f"expected a mapping of run keys, got {overrides!r}")
         for key, values in self.grid.items():
-            check(isinstance(values, list) and len(values) > 0, f"grid.{key}", f"expected a non-empty list of values, got {values!r}")
-        check(len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds), "seeds", f"expected distinct seeds, got {self.seeds}")
+            check(isinstance(values, list) and len(values) > 0, f"grid.{key}",
+                  f"expected a non-empty list of values, got {values!r}")
+        check(len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds), "seeds",
+              f"expected distinct seeds, got {self.seeds}")
         at_least(self, 1, "seeds_per_trial")
         check(self.seeds_per_trial == 1 or get_kind(self.kind).members, "seeds_per_trial",
               f"{self.kind} runs train one seed each; use 1")
@@ -179,7 +189,8 @@ def load_sweep(path: str, overrides: Sequence[str]) -> Sweep:
                 for part in parts:
                     check(bool(COMPONENT.match(part)), "grid", f"the value in '{part}' cannot name a folder of the "
                           "trial's run directory (use letters, digits, _ . = + -, not starting with . or -)")
-                check(tid not in seen, "grid", f"two trials would share the run directory '{tid}'; make the values distinct")
+                check(tid not in seen, "grid",
+                      f"two trials would share the run directory '{tid}'; make the values distinct")
                 over = [f"{k}={_dump(v)}" for k, v in {**keys, **point}.items()] + [f"seed={chunk[0]}"]
                 if len(chunk) > 1:
                     over.append(f"num_seeds={len(chunk)}")
@@ -198,7 +209,8 @@ def check_compatible(sweep: Sweep, saved: Mapping[str, Any], where: Path) -> Non
     for method, keys in new["methods"].items():
         old = (saved.get("methods") or {}).get(method)
         if old is not None and old != keys:
-            raise ConfigError(f"{where} holds a sweep whose method '{method}' has other overrides; rename the method or the sweep")
+            raise ConfigError(f"{where} holds a sweep whose method '{method}' has other overrides; rename the method "
+                              "or the sweep")
 
 
 def runner_config(kind: str) -> type:

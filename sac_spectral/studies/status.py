@@ -65,6 +65,7 @@ class Status:
 
     def write(self) -> None:
         write_json(self.root / STATUS, {
-            "sweep": self.sweep.cfg.name, "kind": self.sweep.cfg.kind, "updated": datetime.now().isoformat(timespec="seconds"),
+            "sweep": self.sweep.cfg.name, "kind": self.sweep.cfg.kind,
+            "updated": datetime.now().isoformat(timespec="seconds"),
             "counts": self.counts(), "trials": self.trials,
         })

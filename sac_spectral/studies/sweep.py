@@ -97,7 +97,8 @@ def _connect(ray: Any, address: str) -> None:
     except ConnectionError as err:
         mode = os.environ.get("RAY_AUTH_MODE")
         cause = ("check that RAY_AUTH_TOKEN or ~/.ray/auth_token here holds the cluster's token" if mode == "token" else
-                 "if it runs, the likely cause is token authentication (Ray >= 2.59 turns it on where ~/.ray/auth_token "
+                 "if it runs, the likely cause is token authentication (Ray >= 2.59 turns it on where "
+                 "~/.ray/auth_token "
                  "exists): set RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN, "
                  "for every `ray start` and for this command")
         raise ConfigError(f"cannot connect to the Ray cluster at {address} ({one_line(err)}; RAY_AUTH_MODE="
@@ -172,7 +173,8 @@ def _check_capacity(res: Resources) -> None:
     have = ray.cluster_resources()
     for key, need in (("CPU", res.cpu), ("GPU", res.gpu)):
         if need > 0 and have.get(key, 0) < need:
-            raise ConfigError(f"resources_per_trial asks for {need} {key} per trial but the Ray cluster has {have.get(key, 0):g}")
+            raise ConfigError(f"resources_per_trial asks for {need} {key} per trial but the Ray cluster has "
+                              f"{have.get(key, 0):g}")
 
 
 def run_sweep(sweep: Sweep, root: Path, retry_failed: bool, address: str | None, num_cpus: int | None,
@@ -266,7 +268,8 @@ def _drive(sweep: Sweep, root: Path, status: Status, todo: list[Trial], progress
                     continue
                 except RayError as err:
                     del gens[gen]
-                    status.set(tid, status="failed", error=f"ray: {type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}")
+                    status.set(tid, status="failed",
+                               error=f"ray: {type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}")
                     bar.write(f"failed  {tid}: {status.trials[tid]['error']}")
                     continue
                 _record(status, bar, root / tid, tid, event, stop.requested is not None)
@@ -294,7 +297,8 @@ def _check_dir(sweep: Sweep, root: Path) -> None:
     if (root / SWEEP_FILE).is_file():
         check_compatible(sweep, yaml_load((root / SWEEP_FILE).read_text()) or {}, root)
     elif root.exists() and (not root.is_dir() or any(p.name != LOCK for p in root.iterdir())):
-        raise ConfigError(f"'{root}' exists and is not a sweep directory (no {SWEEP_FILE}); choose another name= or --out")
+        raise ConfigError(f"'{root}' exists and is not a sweep directory (no {SWEEP_FILE}); choose another name= or "
+                          "--out")
 
 
 def _write_spec(sweep: Sweep, root: Path) -> None:
@@ -313,10 +317,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="runs", help="parent folder of the sweep's directory (default: runs)")
     parser.add_argument("--dry-run", action="store_true", help="list the trials and their estimated cost; run nothing")
     parser.add_argument("--retry-failed", action="store_true", help="run failed trials again (resuming any checkpoint)")
-    parser.add_argument("--address", help="a running Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a local instance)")
+    parser.add_argument("--address",
+                        help="a running Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a "
+                             "local instance)")
     parser.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: all)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="sweep file overrides, e.g. seeds=[0,1] base.total_steps=1000")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="sweep file overrides, e.g. seeds=[0,1] base.total_steps=1000")
     args = parse_cli(parser, argv, ("--config", "--out", "--address", "--num-cpus"))
     sweep = load_sweep(args.config, args.overrides)
     root = _sweep_dir(sweep, args.out)

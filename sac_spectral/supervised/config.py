@@ -67,7 +67,8 @@ class StreamConfig:
     kind: str = option("random_label", f"nonstationarity: {' | '.join(STREAMS)}")
     num_tasks: int = option(30, "number of tasks")
     iters_per_task: int = option(400, "updates per task")
-    subset: int = option(512, "training examples used by every task: a fixed random subset (0 = the whole training split)")
+    subset: int = option(512,
+                         "training examples used by every task: a fixed random subset (0 = the whole training split)")
     classes_per_task: int = option(2, "class_incremental: classes added per task")
     dim: int = option(4, "deep_linear: input/output dimension d")
     sequence: str = option("flip", f"deep_linear targets: {' | '.join(SEQUENCES)}")
@@ -86,7 +87,8 @@ class ModelConfig:
     name: str = option("mlp", f"architecture: {' | '.join(MODELS)}")
     width: int = option(256, "mlp/cnn hidden units, resnet18 base channels (64 = standard), vit embedding width")
     depth: int = option(2, "mlp hidden layers, vit blocks, deep_linear layers")
-    activation: str = option("relu", "activation of mlp, cnn and resnet18: relu | tanh | elu | gelu | silu | leaky_relu | crelu")
+    activation: str = option("relu", "activation of mlp, cnn and resnet18: "
+                                     "relu | tanh | elu | gelu | silu | leaky_relu | crelu")
     norm: str = option("none", f"normalization of mlp, cnn and resnet18: {' | '.join(NORMS)}")
     heads: int = option(4, "vit attention heads")
     patch: int = option(4, "vit patch size")
@@ -131,10 +133,14 @@ class ContinualConfig:
     probe_size: int = option(256, "examples of the current task shown to diagnostics")
     gradient_diagnostics: bool = option(True, "gradient rank, feature rank and dormant units (else σ_max only)")
     dormant_tau: float = option(0.025, "ReDo score threshold of a dormant unit in the diagnostics")
-    diagnostics_every: int = option(0, "run diagnostics every N iterations as well as at every task end (0 = task ends only)")
+    diagnostics_every: int = option(0,
+                                    "run diagnostics every N iterations as well as at every task end (0 = task ends "
+                                    "only)")
     log_every: int = option(100, "write training loss and regularizer metrics every N iterations")
     checkpoint_every: int = option(1, "checkpoint every N tasks (0 = only at the end)")
-    run_dir: str | None = option(None, "run directory (default: runs/continual/<dataset>-<stream>__<regularizers>__s<seed>__<time>)")
+    run_dir: str | None = option(None,
+                                 "run directory (default: "
+                                 "runs/continual/<dataset>-<stream>__<regularizers>__s<seed>__<time>)")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     dtype: str = option("float32", "parameter and input precision: float32 | float64")
     threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle at start)")

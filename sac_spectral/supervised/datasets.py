@@ -205,7 +205,8 @@ def read_idx(path: Path) -> np.ndarray:
 def _idx_dataset(root: Path, name: str) -> Dataset:
     files = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
     if name == "mnist":
-        folders, source = ["mnist", "MNIST/raw"], "https://ossci-datasets.s3.amazonaws.com/mnist/ (the mirror torchvision uses; yann.lecun.com no longer serves the files)"
+        folders, source = ["mnist", "MNIST/raw"], ("https://ossci-datasets.s3.amazonaws.com/mnist/ (the mirror "
+                                                   "torchvision uses; yann.lecun.com no longer serves the files)")
     else:
         folders, source = ["fashion_mnist", "FashionMNIST/raw"], "https://github.com/zalandoresearch/fashion-mnist"
     base = _find(root, folders, files, name, source)
@@ -282,7 +283,8 @@ def _svhn(root: Path) -> Dataset:
     from scipy.io import loadmat
 
     files = ["train_32x32.mat", "test_32x32.mat"]
-    base = _find(root, ["svhn", "SVHN", "."], files, "svhn", "http://ufldl.stanford.edu/housenumbers/ (format 2, cropped digits)")
+    base = _find(root, ["svhn", "SVHN", "."], files, "svhn",
+                 "http://ufldl.stanford.edu/housenumbers/ (format 2, cropped digits)")
 
     def split(f: str) -> tuple[Tensor, Tensor]:
         try:

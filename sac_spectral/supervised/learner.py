@@ -151,7 +151,8 @@ class ContinualLearner:
         out: dict[str, float] = {}
         for i, diagnostic in enumerate(self.diagnostics):
             try:
-                values = {k: float(v.detach()) if isinstance(v, Tensor) else float(v) for k, v in diagnostic(probe).items()}
+                values = {k: float(v.detach()) if isinstance(v, Tensor) else float(v) for k,
+                          v in diagnostic(probe).items()}
             except Exception as err:  # noqa: BLE001 - a measurement must never stop training
                 kind = type(err).__name__.lstrip("_")
                 if (i, kind) not in self._warned:

@@ -120,7 +120,8 @@ class BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     """CIFAR ResNet-18: 3×3 stem, 4 stages × 2 basic blocks, global average pool, linear head."""
 
-    def __init__(self, in_channels: int, num_outputs: int, width: int = 64, norm: str = "batch", activation: str = "relu") -> None:
+    def __init__(self, in_channels: int, num_outputs: int, width: int = 64, norm: str = "batch",
+                 activation: str = "relu") -> None:
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, width, 3, 1, 1, bias=norm == "none"), _norm2d(norm, width), Activation(activation)
@@ -233,7 +234,8 @@ def build_model(
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {', '.join(NORMS)}, got '{norm}'")
     if name in IMAGE_MODELS and len(input_shape) != 3:
-        raise ValueError(f"model '{name}' needs image inputs [C, H, W]; this data has shape {list(input_shape)} (use mlp)")
+        raise ValueError(f"model '{name}' needs image inputs [C, H, W]; this data has shape {list(input_shape)} (use "
+                         "mlp)")
     if name == "mlp":
         return MLP(math.prod(input_shape), num_outputs, width, depth, activation, norm)
     if name == "cnn":

@@ -86,7 +86,8 @@ class ClassificationTask:
     num_outputs: int
     objective: Objective = "classification"
 
-    def train_batch(self, gen: torch.Generator, batch_size: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    def train_batch(self, gen: torch.Generator, batch_size: int,
+                    dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         return self.train.batch(torch.randint(len(self.train), (batch_size,), generator=gen), dtype)
 
     def eval_batches(
@@ -121,7 +122,8 @@ class LinearTargetTask:
         x = math.sqrt(d) * torch.eye(d, dtype=dtype)
         return x, x @ self.target.to(dtype).T
 
-    def train_batch(self, gen: torch.Generator, batch_size: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    def train_batch(self, gen: torch.Generator, batch_size: int,
+                    dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
         if self.loss == "population":
             return self.population_batch(dtype)
         x = torch.randn(batch_size, self.target.shape[0], generator=gen, dtype=torch.float64).to(dtype)
@@ -237,7 +239,8 @@ class Stream(Sequence[Task]):
         if self.kind == "label_flip":
             relabel = torch.randperm(c, generator=gen)
             return ClassificationTask(
-                i, Split(ds, "train", self.rows, relabel[y_train[self.rows]]), Split(ds, "test", all_test, relabel[y_test]), c
+                i, Split(ds, "train", self.rows, relabel[y_train[self.rows]]),
+                Split(ds, "test", all_test, relabel[y_test]), c
             )
         seen = self.seen_classes(i)
         train_rows = self.rows[torch.isin(y_train[self.rows], seen)]

@@ -28,12 +28,14 @@ def history(summary: Mapping[str, Any]) -> list[Row]:
 def names_run(summary: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
     """``summary`` is that of the run of ``config``: the same seed and stream."""
     stream = config.get("stream")
-    return summary.get("seed") == config.get("seed") and isinstance(stream, dict) and summary.get("stream") == stream.get("kind")
+    return (summary.get("seed") == config.get("seed") and isinstance(stream, dict)
+            and summary.get("stream") == stream.get("kind"))
 
 
 KIND = RunKind(
     name="continual", runner="sac_spectral.continual", title="continual (sac_spectral.continual)",
-    config="sac_spectral.apps.continual.runner:ContinualConfig", cost="sac_spectral.apps.continual.cost:estimate_cost", unit="iterations",
+    config="sac_spectral.apps.continual.runner:ContinualConfig", cost="sac_spectral.apps.continual.cost:estimate_cost",
+    unit="iterations",
     columns=COLUMNS, x="task", x_label="task", score="train_acc",
     score_label="end-of-task training accuracy", raw_label="end-of-task training accuracy", test="test_acc",
     task_keys=("dataset.name", "stream.kind"), window=SUMMARY_TASKS, members=False, scale=scale, history=history,

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sac_spectral.apps.continual.kind import KIND, SUMMARY_TASKS
 from sac_spectral.core.config import ConfigError, to_dict
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.core.seeding import derive_seed
@@ -26,7 +27,6 @@ from sac_spectral.regularizers import build_regularizers
 from sac_spectral.runs.cli import recorded_config, set_torch_threads
 from sac_spectral.runs.evals import append_rows
 from sac_spectral.runs.layout import EVALS
-from sac_spectral.apps.continual.kind import KIND, SUMMARY_TASKS
 from sac_spectral.runs.logger import RunLogger, state_is_finite
 from sac_spectral.runs.memory import check_fits, supervised_estimate
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every
@@ -141,7 +141,8 @@ class ContinualRun:
             model = build()
         model.to(device=self.device, dtype=self.dtype)
         o = cfg.optimizer
-        optimizer = make_optimizer(o.name, model.parameters(), o.lr, o.weight_decay, o.momentum, (o.beta1, o.beta2), o.eps)
+        optimizer = make_optimizer(o.name, model.parameters(), o.lr, o.weight_decay, o.momentum, (o.beta1, o.beta2),
+                                   o.eps)
         regs = build_regularizers(model, cfg.regularizers, "regularizers")
         diagnostics = (plasticity_diagnostics(cfg.dormant_tau),) if cfg.gradient_diagnostics else (weight_sigma_max,)
         self.learner = ContinualLearner(model, first.objective, optimizer, regs, diagnostics)
@@ -158,7 +159,8 @@ class ContinualRun:
     def open_new(self) -> Path:
         cfg = self.cfg
         data = "linear" if cfg.stream.kind == "deep_linear" else cfg.dataset.name
-        self.run_dir = open_run_dir(cfg, self.kind, f"{data}-{cfg.stream.kind}__{run_tag(cfg)}__s{cfg.seed}", CONTINUAL_ROOT)
+        self.run_dir = open_run_dir(cfg, self.kind, f"{data}-{cfg.stream.kind}__{run_tag(cfg)}__s{cfg.seed}",
+                                    CONTINUAL_ROOT)
         self.logger = RunLogger(self.run_dir)
         return self.run_dir
 
@@ -171,7 +173,8 @@ class ContinualRun:
         """One line: what this run does."""
         cfg = self.cfg
         data = "deep linear" if cfg.stream.kind == "deep_linear" else cfg.dataset.name
-        return (f"{cfg.stream.kind} stream on {data}: {cfg.stream.num_tasks} tasks × {cfg.stream.iters_per_task} updates "
+        return (f"{cfg.stream.kind} stream on {data}: {cfg.stream.num_tasks} tasks × {cfg.stream.iters_per_task} "
+                "updates "
                 f"| {cfg.model.name} | {cfg.optimizer.name} lr {cfg.optimizer.lr:g} | regularizers: {run_tag(cfg)} "
                 f"| seed {cfg.seed} | {cfg.device}, {self.threads}")
 
@@ -240,8 +243,10 @@ class ContinualRunner(ContinualRun):
             "test_loss": test["loss"] if test else None,
         }
         self.results.append(row)
-        append_rows(self.logger.run_dir / EVALS, KIND.columns, [{**row, "seed": self.cfg.seed, "wall_time_s": self.wall_time}])
-        for key, tag in (("train_acc", "train_acc"), ("test_acc", "test_acc"), ("loss", "loss"), ("test_loss", "test_loss")):
+        append_rows(self.logger.run_dir / EVALS, KIND.columns,
+                    [{**row, "seed": self.cfg.seed, "wall_time_s": self.wall_time}])
+        for key, tag in (("train_acc", "train_acc"), ("test_acc", "test_acc"), ("loss", "loss"),
+                         ("test_loss", "test_loss")):
             if row[key] is not None:
                 self.logger.scalar(f"task/{tag}", row[key], task.index)
                 self.logger.scalar(f"step/{tag}", row[key], self.iteration)
@@ -350,7 +355,8 @@ class ContinualRunner(ContinualRun):
         if n < SUMMARY_TASKS:
             result += f" (halves of the {summary['tasks_done']} tasks: fewer than {2 * SUMMARY_TASKS})"
         metrics = {k: v for k, v in summary.items() if k.startswith(("first", "last", "final")) and v is not None}
-        return (f"done: {summary['tasks_done']} tasks, {summary['iterations']} iterations in {summary['wall_time_s']:.0f} s; "
+        return (f"done: {summary['tasks_done']} tasks, {summary['iterations']} iterations in "
+                f"{summary['wall_time_s']:.0f} s; "
                 + result, metrics)
 
 

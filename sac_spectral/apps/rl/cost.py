@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from sac_spectral.agents import ReplayBuffer, SACConfig, build_agent
-from sac_spectral.agents.config import TrainConfig
+from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.config import ConfigError, one_line, to_dict
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.envs import make_env
@@ -51,7 +51,8 @@ def estimate_cost(cfg: TrainConfig, model: Any) -> tuple[int, float]:
         buf = ReplayBuffer(4 * cfg.batch_size, obs_dim, act_dim, cfg.num_seeds, cfg.device)
         m = cfg.num_seeds
         for _ in range(4 * cfg.batch_size):
-            buf.add(torch.randn(m, obs_dim), torch.rand(m, act_dim) * 2 - 1, torch.randn(m), torch.randn(m, obs_dim), torch.zeros(m))
+            buf.add(torch.randn(m, obs_dim), torch.rand(m, act_dim) * 2 - 1, torch.randn(m), torch.randn(m, obs_dim),
+                    torch.zeros(m))
         agent.train_steps(buf, 2, cfg.batch_size)
         return model.measure(lambda: agent.train_steps(buf, 4, cfg.batch_size)) / 4
 

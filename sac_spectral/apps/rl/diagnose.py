@@ -1,9 +1,10 @@
-"""``python -m sac_spectral.diagnose RUN_DIR [--batch-size N] [--tau T] [--q-scale EPISODES] [--json FILE] [--plot FILE]``
+"""``python -m sac_spectral.diagnose RUN_DIR [--batch-size N] [--tau T] [--q-scale EPISODES] [--json FILE]
+[--plot FILE]``
 
 Loads a run's ``checkpoints/latest.pt`` with the config recorded in it (``config.yaml`` for older
-checkpoints), rebuilds the saved agent and replay buffer (no environment is created) and prints the diagnostics of the saved actor and critics on a
-probe batch from the saved buffer: per-example gradient rank of their losses, weight spectra per
-layer, feature rank and dormant units. Values are per seed (critics averaged within a seed).
+checkpoints), rebuilds the saved agent and replay buffer (no environment is created) and prints the diagnostics of the
+saved actor and critics on a probe batch from the saved buffer: per-example gradient rank of their losses, weight
+spectra per layer, feature rank and dormant units. Values are per seed (critics averaged within a seed).
 ``--q-scale EPISODES`` also plays that many evaluation episodes per seed (envs made as the run's
 evaluation makes them) and compares the critics' mean Q of the actions taken with the discounted
 Monte-Carlo return of the same states (``q_scale/…``).
@@ -25,14 +26,15 @@ import numpy as np
 import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer, build_agent
-from sac_spectral.agents.config import TrainConfig
-from sac_spectral.agents.probes import probe_batch, agent_diagnostics
+from sac_spectral.agents.probes import agent_diagnostics, probe_batch
+from sac_spectral.apps.rl.config import TrainConfig
+from sac_spectral.apps.rl.kind import KIND
+from sac_spectral.apps.rl.policy import load_policy
+from sac_spectral.apps.rl.run import check_format
 from sac_spectral.core.config import ConfigError, merge_sources, one_line, read_yaml
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.threads import check_threads
 from sac_spectral.diagnostics import Report
-from sac_spectral.apps.rl.policy import load_policy
-from sac_spectral.apps.rl.run import check_format
 from sac_spectral.envs.evaluate import q_scale
 from sac_spectral.runs.checkpoint import (
     CheckpointError,
@@ -40,7 +42,6 @@ from sac_spectral.runs.checkpoint import (
     replaceable,
     write_json,
 )
-from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.runs.kinds import run_kind
 from sac_spectral.runs.layout import CHECKPOINT, CONFIG_FILE
 
@@ -49,7 +50,8 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Agent, ReplayBuffer, int]:
     """The run's config (as its checkpoint recorded it), its agent and replay buffer as saved, and
     the update count."""
     if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / CHECKPOINT).is_file():
-        raise ConfigError(f"'{run_dir}' is not a run directory: expected {run_dir / CONFIG_FILE} and {run_dir / CHECKPOINT}")
+        raise ConfigError(f"'{run_dir}' is not a run directory: expected {run_dir / CONFIG_FILE} and "
+                          f"{run_dir / CHECKPOINT}")
     data = read_yaml(run_dir / CONFIG_FILE)
     state = load_checkpoint(run_dir / CHECKPOINT)
     saved = state.get("config")
@@ -60,7 +62,8 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Agent, ReplayBuffer, int]:
     source = run_dir / (CHECKPOINT if isinstance(saved, dict) else CONFIG_FILE)
     try:
         # measured on the CPU, in fp32 (as training measures them): a bf16 run loads on a CPU without bf16
-        cfg = merge_sources(TrainConfig, {**(saved if isinstance(saved, dict) else data), "device": "cpu", "precision": "fp32"})
+        cfg = merge_sources(TrainConfig,
+                            {**(saved if isinstance(saved, dict) else data), "device": "cpu", "precision": "fp32"})
     except ConfigError as err:
         raise ConfigError(f"the config in {source}: {err}") from None
     cfg.device = "cpu"
@@ -122,7 +125,8 @@ def per_seed(agent: Agent, reports: dict[str, Report]) -> dict[str, list[float]]
 
 def format_table(values: dict[str, list[float]]) -> str:
     width = max(len(tag) for tag in values)
-    return "\n".join(f"  {tag:<{width}}  " + "  ".join(f"{v:10.4g}" for v in vals) for tag, vals in sorted(values.items()))
+    return "\n".join(f"  {tag:<{width}}  " + "  ".join(f"{v:10.4g}" for v in vals) for tag,
+                     vals in sorted(values.items()))
 
 
 def plot(reports: dict[str, Report], path: Path) -> None:
@@ -188,12 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also play EPISODES evaluation episodes per seed and compare the critics' mean Q with "
                         "the discounted Monte-Carlo return of the same states (default 0: not)")
     parser.add_argument("--json", metavar="FILE", help="also write the values as JSON")
-    parser.add_argument("--plot", metavar="FILE", help="also draw the singular values to FILE, in the format its extension "
+    parser.add_argument("--plot", metavar="FILE",
+                        help="also draw the singular values to FILE, in the format its extension "
                         "names (.png, .pdf, .svg, …; needs matplotlib)")
     args = parser.parse_args(argv)
     check_threads(args.threads, "--threads", allow_auto=False)
     if args.batch_size is not None and args.batch_size < 2:
-        raise ConfigError(f"--batch-size: must be >= 2 (rows of the per-example gradient matrix), got {args.batch_size}")
+        raise ConfigError(f"--batch-size: must be >= 2 (rows of the per-example gradient matrix), "
+                          f"got {args.batch_size}")
     if args.q_scale < 0:
         raise ConfigError(f"--q-scale: must be >= 0 episodes, got {args.q_scale}")
     if args.tau is not None and not (math.isfinite(args.tau) and args.tau >= 0):
@@ -219,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"dormant τ = {dcfg.tau}; one column per seed ({', '.join(map(str, seeds))})")
     print(format_table(values))
     if "--json" in outputs:
-        write_json(outputs["--json"], {"run_dir": str(args.run_dir), "updates": updates, "seeds": seeds, "values": values})
+        write_json(outputs["--json"],
+                   {"run_dir": str(args.run_dir), "updates": updates, "seeds": seeds, "values": values})
     if "--plot" in outputs:
         plot(reports, outputs["--plot"])
         print(f"plot written to {args.plot}")

@@ -24,7 +24,8 @@ def scale(config: Mapping[str, Any]) -> float | None:
 def history(summary: Mapping[str, Any]) -> list[Row]:
     """The evaluations in a ``summary.json`` (runs written before ``evals.csv``)."""
     seeds = summary.get("seeds") or [summary.get("seed")]
-    return [{"step": e["step"], "seed": s, "return": r} for e in summary["eval_history"] for s, r in zip(seeds, e["returns"])]
+    return [{"step": e["step"], "seed": s, "return": r} for e in summary["eval_history"] for s,
+            r in zip(seeds, e["returns"])]
 
 
 def names_run(summary: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
@@ -53,7 +54,7 @@ def sequence_measures(rows: list[Row], config: Mapping[str, Any]) -> dict[str, A
 
 KIND = RunKind(
     name="train", runner="sac_spectral.train", title="RL (sac_spectral.train)",
-    config="sac_spectral.agents.config:TrainConfig", cost="sac_spectral.apps.rl.cost:estimate_cost", unit="updates",
+    config="sac_spectral.apps.rl.config:TrainConfig", cost="sac_spectral.apps.rl.cost:estimate_cost", unit="updates",
     columns=COLUMNS, x="step", x_label="env steps", score="return",
     score_label="return / 1000 (DMC)", raw_label="return (not normalized: a non-DMC task)", test=None,
     task_keys=("env",), window=1, members=True, scale=scale, history=history, names_run=names_run,

@@ -22,11 +22,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from sac_spectral.agents.config import MAX_SEED
+from sac_spectral.apps.rl.config import MAX_SEED
+from sac_spectral.apps.rl.policy import Policy, load_policy, play_episodes
 from sac_spectral.core.config import ConfigError
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.envs.evaluate import eval_seed
-from sac_spectral.apps.rl.policy import Policy, load_policy, play_episodes
 from sac_spectral.runs.video import (
     DEFAULT_SIZE,
     check_video_path,
@@ -70,11 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m sac_spectral.play", description=__doc__.split("\n\n", 1)[1].replace("``", ""),
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", metavar="RUN_DIR", help="run directory of sac_spectral.train, or its checkpoint file")
-    p.add_argument("--episodes", type=_positive, default=None, help="episodes to play (default 5; --last-eval: the evaluation's)")
+    p.add_argument("--episodes", type=_positive, default=None,
+                   help="episodes to play (default 5; --last-eval: the evaluation's)")
     p.add_argument("--stochastic", action="store_true", help="sample actions from the policy instead of tanh(mean)")
     p.add_argument("--seed-index", type=int, default=0, metavar="I", help="which seed of a multi-seed run (default 0)")
-    p.add_argument("--seed", type=_seed, default=None, help="seed of the episodes' resets and action noise (default: the run's seed)")
-    p.add_argument("--last-eval", action="store_true", help="replay the run's last evaluation instead (its reset seeds and episodes)")
+    p.add_argument("--seed", type=_seed, default=None,
+                   help="seed of the episodes' resets and action noise (default: the run's seed)")
+    p.add_argument("--last-eval", action="store_true",
+                   help="replay the run's last evaluation instead (its reset seeds and episodes)")
     p.add_argument("--video", metavar="FILE", help="write the first episode as a video (.mp4 or .gif)")
     p.add_argument("--video-size", type=_size, default=DEFAULT_SIZE, metavar="WxH",
                    help=f"video frame size (default {DEFAULT_SIZE[1]}x{DEFAULT_SIZE[0]})")
@@ -90,13 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.video is not None:
         check_video_path(args.video)
         if args.video_size[0] % 2 or args.video_size[1] % 2:
-            raise ConfigError(f"--video-size: width and height must be even, got {args.video_size[1]}x{args.video_size[0]}")
+            raise ConfigError("--video-size: width and height must be even, got "
+                              f"{args.video_size[1]}x{args.video_size[0]}")
         use_offscreen_rendering()
     policy = load_policy(args.run, args.seed_index)
     seed = policy.seed if args.seed is None else args.seed
     if args.last_eval:
         if policy.recorded is None:
-            raise ConfigError(f"{args.run}: its checkpoint was not written at an evaluation step; --last-eval needs one")
+            raise ConfigError(f"{args.run}: its checkpoint was not written at an evaluation step; "
+                              "--last-eval needs one")
         if args.stochastic:
             raise ConfigError("--last-eval replays the deterministic evaluation; leave out --stochastic")
         if args.episodes is not None and args.episodes != policy.recorded.episodes:

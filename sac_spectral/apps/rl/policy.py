@@ -24,20 +24,20 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from sac_spectral.agents.config import TrainConfig
 from sac_spectral.agents import agent_class
 from sac_spectral.agents.base import actor_dims
 from sac_spectral.agents.engine import upgrade_state
-from sac_spectral.envs import UnknownEnvError, run_episode
-from sac_spectral.regularizers import Regularizer, build_regularizers
-from sac_spectral.envs.evaluate import eval_env_seed, eval_seed
-from sac_spectral.envs.tasks import TaskError, stage_env
+from sac_spectral.apps.rl.config import TrainConfig
+from sac_spectral.apps.rl.kind import KIND
+from sac_spectral.apps.rl.run import check_format
 from sac_spectral.core.config import ConfigError, merge_sources, one_line
 from sac_spectral.core.device import check_device
 from sac_spectral.core.seeding import derive_seed
-from sac_spectral.apps.rl.run import check_format
+from sac_spectral.envs import UnknownEnvError, run_episode
+from sac_spectral.envs.evaluate import eval_env_seed, eval_seed
+from sac_spectral.envs.tasks import TaskError, stage_env
+from sac_spectral.regularizers import Regularizer, build_regularizers
 from sac_spectral.runs.checkpoint import CheckpointError, load_checkpoint
-from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.runs.kinds import run_kind
 from sac_spectral.runs.layout import CHECKPOINT
 
@@ -89,14 +89,15 @@ class Policy:
         _check_finite(actor_state, source)
         self.seed_index, self.seed = seed_index, cfg.seed + seed_index
         #: the stage it last trained in (a plain run's one stage); its env is the one it plays
-        self.stage = cfg.sequence().stage_at(max(step - 1, 0))
+        self.stage = cfg.sequence().ending(step)
         self.env_id, self.action_repeat = self.stage.spec.env, cfg.action_repeat
         self.step, self.recorded, self.source = step, recorded, source
         self.device = torch.device(device)
         try:
             self.net = agent_class(cfg.agent).export_policy(cfg, actor_state)
         except RuntimeError as err:
-            raise CheckpointError(f"checkpoint {source}: its actor does not match its config ({one_line(err, 160)})") from None
+            raise CheckpointError(f"checkpoint {source}: its actor does not match its config "
+                                  f"({one_line(err, 160)})") from None
         self.net.requires_grad_(False).eval().to(self.device)
         self.regularizers = self._carry(cfg, actor_regularizers, source)
         self.generator = torch.Generator(self.device)
@@ -115,11 +116,13 @@ class Policy:
                     reg.load_state_dict(state)
                     kept.append(reg)
         except (KeyError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {source}: its actor's regularizer state does not fit: {one_line(err, 160)}") from None
+            raise CheckpointError(f"checkpoint {source}: its actor's regularizer state does not fit: "
+                                  f"{one_line(err, 160)}") from None
         return kept
 
     def __repr__(self) -> str:
-        return (f"Policy({self.env_id}, seed {self.seed} (index {self.seed_index} of {self.members}), step {self.step}, "
+        return (f"Policy({self.env_id}, seed {self.seed} (index {self.seed_index} of {self.members}), step "
+                f"{self.step}, "
                 f"obs {self.obs_dim}, actions {self.act_dim})")
 
     def reseed(self, seed: int) -> None:
@@ -134,7 +137,8 @@ class Policy:
         x = torch.as_tensor(_finite_float32(obs), device=self.device)
         single = x.dim() == 1
         if x.dim() not in (1, 2) or x.shape[-1] != self.obs_dim:
-            raise ValueError(f"expected an observation [{self.obs_dim}] or a batch [B, {self.obs_dim}], got {tuple(x.shape)}")
+            raise ValueError(f"expected an observation [{self.obs_dim}] or a batch [B, {self.obs_dim}], got "
+                             f"{tuple(x.shape)}")
         x = x.reshape(1, -1, self.obs_dim)
         # every member sees the batch, as in the trainer's batched act (the same kernels, so the same bits)
         x = x.expand(self.members, -1, -1).contiguous()
@@ -154,7 +158,8 @@ class Policy:
         obs_shape, act_shape = env.observation_space.shape, env.action_space.shape
         if obs_shape != (self.obs_dim,) or act_shape != (self.act_dim,):
             env.close()
-            raise CheckpointError(f"checkpoint {self.source}: its actor maps {self.obs_dim} observations to {self.act_dim} "
+            raise CheckpointError(f"checkpoint {self.source}: its actor maps {self.obs_dim} observations to "
+                                  f"{self.act_dim} "
                                   f"actions, but {self.env_id} has {obs_shape} and {act_shape}")
         return env
 
@@ -217,7 +222,8 @@ def load_policy(run_dir_or_checkpoint: str | Path, seed_index: int = 0, device: 
     del state, modules
     # checks the actor against the config
     policy = Policy(cfg, actor_state, seed_index, device, step, None, path, actor_regularizers)
-    scored = [e for e in evals if int(e["step"]) == step and e.get("task", policy.stage.spec.name) == policy.stage.spec.name]
+    stage_name = policy.stage.spec.name
+    scored = [e for e in evals if int(e["step"]) == step and e.get("task", stage_name) == stage_name]
     if scored:
         policy.recorded = Recorded(step, cfg.eval_episodes, float(scored[-1]["returns"][seed_index]))
     return policy

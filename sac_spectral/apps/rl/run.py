@@ -18,20 +18,20 @@ import torch
 
 from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
 from sac_spectral.agents.plasticity import PlasticityProbes
+from sac_spectral.apps.rl.config import TrainConfig, run_tag, seed_label
 from sac_spectral.apps.rl.kind import KIND
-from sac_spectral.agents.config import TrainConfig, run_tag, seed_label
-from sac_spectral.envs import EnvPool, UnknownEnvError
-from sac_spectral.envs.evaluate import eval_env_seed
-from sac_spectral.envs.tasks import Stage, TaskError, describe_dynamics, physics_errors, stage_env
 from sac_spectral.core.config import ConfigError, one_line
 from sac_spectral.core.seeding import SeedStreams, derive_seed
 from sac_spectral.core.threads import ThreadWatch
+from sac_spectral.envs import EnvPool, UnknownEnvError
+from sac_spectral.envs.evaluate import eval_env_seed
+from sac_spectral.envs.tasks import Stage, TaskError, describe_dynamics, physics_errors, stage_env
 from sac_spectral.runs.cli import recorded_config, set_torch_threads
 from sac_spectral.runs.layout import SUMMARY
 from sac_spectral.runs.logger import RunLogger, state_is_finite, tensor_is_finite
 from sac_spectral.runs.memory import check_fits
-from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 from sac_spectral.runs.run import Failed, Finished
+from sac_spectral.runs.rundir import open_run_dir, reopen_run_dir
 from sac_spectral.runs.video import gl_backend, render, use_offscreen_rendering
 
 #: version of the checkpoint layout; 2: members stored like nn.Linear, actor heads, priming
@@ -105,7 +105,8 @@ def no_updates(cfg: TrainConfig) -> str | None:
     if cfg.total_updates > 0:
         return None
     why = (f"total_steps={cfg.total_steps} <= random_steps={cfg.random_steps}" if cfg.total_steps <= cfg.random_steps
-           else f"total_steps={cfg.total_steps} at replay_ratio={cfg.replay_ratio:g} after random_steps={cfg.random_steps}")
+           else f"total_steps={cfg.total_steps} at replay_ratio={cfg.replay_ratio:g} after "
+                f"random_steps={cfg.random_steps}")
     return f"{why}: this run does 0 updates (only random warm-up); lower random_steps to train"
 
 
@@ -183,19 +184,21 @@ class RLRun:
 
     def stage(self) -> Stage:
         """The stage the agent trains in: at a switch step, the one that just ended."""
-        return self.sequence.stage_at(max(self.step - 1, 0))
+        return self.sequence.ending(self.step)
 
     def warming_up(self, step: int) -> bool:
         """Whether the agent after env step ``step`` has had no update yet in the stage it trains in
         (that stage's warm-up: random actions, the networks as the stage before left them)."""
-        start = self.sequence.stage_at(max(step - 1, 0)).index * self.sequence.steps_per_task
+        start = self.sequence.ending(step).index * self.sequence.steps_per_task
         return self.cfg.updates_after(step) == self.cfg.updates_after(start)
 
     def eval_envs_of(self, task: int) -> list[gym.Env]:
         """Evaluation envs of task ``task`` as its latest begun stage drew it (its first before)."""
         stage = self.sequence.latest(task, max(self.step - 1, 0))
         if self._eval_envs.get(task, (-1,))[0] != stage.index:
-            self._eval_envs[task] = (stage.index, [stage_env(stage, s, eval_env_seed(s), self.cfg.action_repeat) for s in self.seeds])
+            self._eval_envs[task] = (stage.index,
+                                     [stage_env(stage, s, eval_env_seed(s),
+                                                self.cfg.action_repeat) for s in self.seeds])
         return self._eval_envs[task][1]
 
     @contextmanager
@@ -221,8 +224,10 @@ class RLRun:
             env = self.eval_envs_of(i)[0]
             shapes = (env.observation_space.shape, env.action_space.shape)
             if shapes != ((self.pool.obs_dim,), (self.pool.act_dim,)):
-                raise TaskError(f"task {task.name} ({task.env}) has observations {shapes[0]} and actions {shapes[1]}, the first "
-                                f"task ({self.sequence.tasks[0].env}) ({self.pool.obs_dim},) and ({self.pool.act_dim},); "
+                raise TaskError(f"task {task.name} ({task.env}) has observations {shapes[0]} and actions {shapes[1]}, "
+                                "the first "
+                                f"task ({self.sequence.tasks[0].env}) ({self.pool.obs_dim},) and "
+                                f"({self.pool.act_dim},); "
                                 "a sequence's tasks must share their shapes (tasks of one domain)")
 
     # ----------------------------------------------------------------------------- run directory
@@ -262,7 +267,8 @@ class RLRun:
             **{key: getattr(self, key) for key in self._COUNTERS},
             "agent": self.agent.full_state_dict(), "buffer": self.buffer.state_dict(),
             "streams": self.streams.state_dict(), "pool": self.pool.state_dict(), "torch_rng": torch.get_rng_state(),
-            "evals": self.evals, "switches": self.switches, "random_return": self.random_return, "priming_report": self.priming_report,
+            "evals": self.evals, "switches": self.switches, "random_return": self.random_return,
+            "priming_report": self.priming_report,
             "wall_time": self.wall_time, "failure": self.failure,
         }
 
@@ -273,10 +279,12 @@ class RLRun:
                               "fail the same way: start a new run with milder dynamics")
         step, cfg = int(state["step"]), self.cfg
         if step > cfg.total_steps and cfg.tasks:
-            raise ConfigError(f"cycles={cfg.cycles} ends the run at step {cfg.total_steps}, before its current step {step}; "
+            raise ConfigError(f"cycles={cfg.cycles} ends the run at step {cfg.total_steps}, before its current step "
+                              f"{step}; "
                               f"give cycles >= {-(-step // (len(cfg.tasks) * cfg.steps_per_task))}")
         if step > cfg.total_steps:
-            raise ConfigError(f"total_steps={cfg.total_steps} is below the run's current step {step}; give total_steps >= {step}")
+            raise ConfigError(f"total_steps={cfg.total_steps} is below the run's current step {step}; give total_steps "
+                              f">= {step}")
         for key in self._COUNTERS:
             setattr(self, key, int(state[key]))
         if self.sequence.stage_at(self.step).index > 0:
@@ -285,7 +293,8 @@ class RLRun:
         self.buffer.load_state_dict(state["buffer"])
         self.streams.load_state_dict(state["streams"])
         if not self.pool.load_state_dict(state["pool"]):
-            print("note: this env's state cannot be restored exactly; the resumed run starts a new episode", file=sys.stderr)
+            print("note: this env's state cannot be restored exactly; the resumed run starts a new episode",
+                  file=sys.stderr)
         torch.set_rng_state(state["torch_rng"])
         self.evals, self.random_return = list(state["evals"]), state["random_return"]
         self.switches = list(state.get("switches", []))

@@ -1,7 +1,7 @@
 """``python -m sac_spectral.train [--config FILE] [--resume RUN_DIR] [key=value ...]``
 
-The RL runner: collects experience with the configured agent (``agent``: SAC by default), runs ``replay_ratio`` gradient updates per env step
-after ``random_steps`` uniform warm-up steps, evaluates the deterministic policy ``tanh(mean)``
+The RL runner: collects experience with the configured agent (``agent``: SAC by default), runs ``replay_ratio`` gradient
+updates per env step after ``random_steps`` uniform warm-up steps, evaluates the deterministic policy ``tanh(mean)``
 every ``eval_every`` steps on separately seeded envs, resets the agent on a schedule, logs to
 TensorBoard and checkpoints atomically. With no arguments it runs the embedded default, which is
 exactly ``run_configs/default.yaml``.
@@ -19,15 +19,14 @@ import numpy as np
 import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer
-from sac_spectral.agents.config import TrainConfig
-from sac_spectral.agents.probes import DiagnosticsConfig, probe_batch, agent_diagnostics
-from sac_spectral.envs.evaluate import eval_seed, evaluate
+from sac_spectral.agents.probes import DiagnosticsConfig, agent_diagnostics, probe_batch
+from sac_spectral.apps.rl.config import TrainConfig
+from sac_spectral.apps.rl.kind import KIND
+from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
 from sac_spectral.core.config import to_dict
-from sac_spectral.core.reinit import forget
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
-from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
-from sac_spectral.apps.rl.kind import KIND
+from sac_spectral.envs.evaluate import eval_seed, evaluate
 from sac_spectral.runs.evals import append_rows
 from sac_spectral.runs.layout import EVALS
 from sac_spectral.runs.logger import RunLogger, tensor_is_finite
@@ -39,8 +38,8 @@ __all__ = ["CHECKPOINT_FORMAT", "RESUMABLE_KEYS", "TrainConfig", "Trainer", "che
 #: keys that may change on --resume; ``compile``: the compiled and the eager update share the
 #: agent's parameters and Adam state; a task sequence is extended by ``cycles`` (its ``total_steps`` follows)
 RESUMABLE_KEYS = (
-    "total_steps", "cycles", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress", "threads",
-    "compile", *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
+    "total_steps", "cycles", "eval_every", "eval_episodes", "video_every", "log_every", "checkpoint_every", "progress",
+    "threads", "compile", *(f"diagnostics.{f.name}" for f in fields(DiagnosticsConfig)),
 )
 #: priming runs in chunks of this many updates: the progress bar, ``priming/*`` logs, a stop
 #: request and checkpoints (every ``PRIMING_CHECKPOINT`` updates) act between chunks
@@ -122,7 +121,7 @@ def summary(t: Trainer) -> dict[str, Any]:
     start, the evaluation history and the priming diagnostics. A task sequence's final return is
     the average over its tasks, its best the current task's, and ``continual`` holds
     :func:`~sac_spectral.apps.rl.stages.stage_metrics` and the diagnostics at each switch."""
-    current = [e for e in t.evals if e.get("task", t.cfg.env) == t.sequence.stage_at(max(e["step"] - 1, 0)).spec.name]
+    current = [e for e in t.evals if e.get("task", t.cfg.env) == t.sequence.ending(e["step"]).spec.name]
     finals = t.evals[-1]["returns"] if t.evals else [float("nan")] * len(t.seeds)
     continual = None
     measured = KIND.stages(eval_rows(t.evals, t.seeds), to_dict(t.cfg))
@@ -196,9 +195,11 @@ class Trainer(RLRun):
             jobs=[
                 ("log", self._log_due, self._log),
                 ("diagnose", self._diagnosis_due, self._untimed(self._diagnose_now)),
-                ("evaluate", lambda step: every(cfg.eval_every, end=cfg.total_steps)(step) or self.sequence.is_switch(step),
+                ("evaluate",
+                 lambda step: every(cfg.eval_every, end=cfg.total_steps)(step) or self.sequence.is_switch(step),
                  self._untimed(self._eval_and_log)),
-                ("video", every(cfg.video_every, end=cfg.total_steps if cfg.video_every else None), self._untimed(self._video)),
+                ("video", every(cfg.video_every, end=cfg.total_steps if cfg.video_every else None),
+                 self._untimed(self._video)),
                 ("reset", lambda step: step < cfg.total_steps and self._reset_due(), self._reset),
                 ("switch", self.sequence.is_switch, self._switch),
                 ("threads", lambda step: self.thread_watch is not None and self.thread_watch.due(), self._rethread),
@@ -211,14 +212,14 @@ class Trainer(RLRun):
         """Priming when due, then the updates this step owes."""
         if self._priming_due():
             Priming(self, run).run()
-        n = self.cfg.updates_by(self.step) - (self.agent.num_updates - self.primed)
+        n = self.sequence.updates_by(self.step) - (self.agent.num_updates - self.primed)
         if n > 0 and self._log_due(self.step, n):  # the log at this step reports this step's last update
             self.last_info, self.update_metrics = self.plasticity.train_steps(self.buffer, n, self.cfg.batch_size)
         elif n > 0:
             self.last_info = self.agent.train_steps(self.buffer, n, self.cfg.batch_size)
 
     def _act(self) -> np.ndarray:
-        if self.step < self.cfg.warmup_end(self.sequence.stage_at(self.step).index):
+        if self.step < self.sequence.warmup_end(self.sequence.stage_at(self.step).index):
             return (self.streams.rand("act", (self.pool.act_dim,)) * 2.0 - 1.0).cpu().numpy()
         return self.agent.act(torch.as_tensor(self.pool.obs, device=self.device)).cpu().numpy()
 
@@ -252,7 +253,8 @@ class Trainer(RLRun):
             evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist(),
                           "task": name, "stage": stage.index, "warmup": warmup})
             rows += [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
-                      "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name, "stage": stage.index,
+                      "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name,
+                      "stage": stage.index,
                       "warmup": int(warmup)} for s, r in zip(self.seeds, returns)]
             if self.cfg.tasks:
                 self.logger.per_seed(f"eval/{name}/return", returns.tolist(), self.step)
@@ -276,8 +278,7 @@ class Trainer(RLRun):
         if layers is not False:
             self.agent.reset(layers)
         if sw.optimizer == "reset":
-            for trained in self.agent.trained.values():
-                forget(trained.optimizer, trained.module.parameters())
+            self.agent.forget_optimizers()
         with self.simulating(self.sequence.stage_at(self.step)):
             self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
         self.logger.scalar("task/stage", self.sequence.stage_at(self.step).index, self.step)
@@ -326,13 +327,15 @@ class Trainer(RLRun):
         for tag, value in self.rates["log"].read(self.step, self.agent.num_updates).items():
             self.logger.scalar(tag, value, self.step)
         self.logger.scalar("perf/threads", torch.get_num_threads(), self.step)
-        log_training(self.logger, self.agent, {**self.last_info, **self.update_metrics, **self.plasticity.weights()}, self.step)
+        log_training(self.logger, self.agent, {**self.last_info, **self.update_metrics, **self.plasticity.weights()},
+                     self.step)
         self.update_metrics = {}
         self.logged_step, self.logged_updates = self.step, self.agent.num_updates
 
     def _diagnosis_due(self, step: int) -> bool:
         every, updates = self.cfg.diagnostics.every, self.agent.num_updates
-        return bool(every) and ((updates == 0 and step == self.cfg.random_steps) or updates // every > self.diagnosed // every)
+        return bool(every) and ((updates == 0 and step == self.cfg.random_steps)
+                                or updates // every > self.diagnosed // every)
 
     def _diagnose_now(self) -> None:
         self.diagnose()
@@ -349,8 +352,10 @@ class Trainer(RLRun):
 
     def headline(self, summary: dict[str, Any]) -> tuple[str, dict[str, float]]:
         return (f"done: {summary['steps']} steps, {summary['updates']} updates in {summary['wall_time_s']:.0f} s; "
-                f"final eval return {summary['final_eval_return']:.1f} (random policy {summary['random_policy_return']:.1f})",
-                {k: summary[k] for k in ("final_eval_return", "best_eval_return", "updates_per_s") if summary[k] is not None})
+                f"final eval return {summary['final_eval_return']:.1f} (random policy "
+                f"{summary['random_policy_return']:.1f})",
+                {k: summary[k] for k in ("final_eval_return", "best_eval_return",
+                                         "updates_per_s") if summary[k] is not None})
 
 
 class Priming:
@@ -377,7 +382,8 @@ class Priming:
             if not tensor_is_finite(info):
                 raise NonFinite
             measured.update(t.plasticity.weights())
-            t.logger.scalars({f"priming/{k}": v for k, v in {**info, **t.agent.metrics(), **measured}.items()}, t.primed)
+            t.logger.scalars({f"priming/{k}": v for k, v in {**info, **t.agent.metrics(), **measured}.items()},
+                             t.primed)
             t.bar.set_postfix({**t.postfix, "priming": f"{t.primed}/{total}"})
             self.run_.check_stop()
             if t.primed % PRIMING_CHECKPOINT == 0 and t.primed < total:
