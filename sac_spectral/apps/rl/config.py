@@ -13,11 +13,13 @@ from typing import Any
 
 from sac_spectral.agents.base import AGENTS, agent_choices, agent_class, reserve_run_keys
 from sac_spectral.agents.config import ActorConfig, CriticConfig, SACConfig
+from sac_spectral.agents.heads import support_bounds
 from sac_spectral.agents.probes import DiagnosticsConfig
 from sac_spectral.agents.reward_scale import REWARD_SCALES, RewardScale, make_reward_scale
 from sac_spectral.core.config import ConfigError, at_least, check, flatten, option, section, to_dict
 from sac_spectral.core.device import check_device
 from sac_spectral.core.precision import BF16_FLAGS, cpu_bf16
+from sac_spectral.envs.make import reward_bound
 from sac_spectral.envs.tasks import MAX_STAGES, Task, TaskError, TaskSequence, parse_tasks
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
@@ -139,6 +141,7 @@ class TrainConfig(SACConfig):
     def validate(self) -> None:
         super().validate()
         self._resolve_tasks()
+        self._resolve_support()
         at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes",
                  "log_every")
         at_least(self, 0, "random_steps", "eval_every", "video_every", "checkpoint_every", "threads")
@@ -181,6 +184,20 @@ class TrainConfig(SACConfig):
                 raise ConfigError(f"{key}.{changed} is an option of agent{'s' * (len(owners) > 1)} "
                                   f"{', '.join(owners)}; "
                                   f"this run's agent is {self.agent}")
+
+    def _resolve_support(self) -> None:
+        """A categorical head without ``v_min``/``v_max``: ``±R/(1 − γ)`` with ``R`` the largest reward of
+        an env step over the run's envs (:func:`~sac_spectral.envs.make.reward_bound` × ``action_repeat``)."""
+        c = self.critic
+        if c.head != "categorical" or c.v_min is not None:
+            return
+        envs = [t["env"] for t in self.tasks] or [self.env]
+        bounds = {env: reward_bound(env) for env in envs}
+        unknown = next((env for env, bound in bounds.items() if bound is None), None)
+        check(unknown is None, "critic.v_min", f"the reward range of {unknown} is unknown: give critic.v_min and "
+              "critic.v_max (derived only for DMC tasks, whose rewards lie in [0, 1])")
+        check(self.gamma < 1, "critic.v_min", "gamma = 1 bounds no return: give critic.v_min and critic.v_max")
+        c.v_min, c.v_max = support_bounds(self.action_repeat * max(bounds.values()), self.gamma)
 
     def _resolve_tasks(self) -> None:
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and
@@ -237,6 +254,8 @@ def run_tag(cfg: TrainConfig) -> str:
     archs = dict.fromkeys(arch for arch in (cfg.critic.arch, cfg.actor.arch) if arch != "mlp")
     if archs:
         tag += "+" + "+".join(archs)
+    if cfg.critic.head != "scalar":
+        tag += f"+{cfg.critic.head}"
     if cfg.reward_scale != "none":
         tag += f"+{cfg.reward_scale}_rewards"
     if cfg.priming.updates:
