@@ -289,7 +289,7 @@ def _agent_and_buffer(seeds=(0, 1), arch="mlp"):
     return agent, buf
 
 
-@pytest.mark.parametrize("arch", ["mlp", "bronet", "simba"])
+@pytest.mark.parametrize("arch", ["mlp", "bronet", "simba", "simbav2"])
 @pytest.mark.parametrize("which", ["critic", "actor"])
 def test_sac_closures_factored_equals_torch_func_per_member(which, arch):
     agent, buf = _agent_and_buffer(arch=arch)
@@ -334,11 +334,14 @@ def test_agent_diagnostics_leave_the_agent_and_its_streams_untouched():
     assert len(set(batch["obs"][0].sum(-1).tolist())) == 32  # drawn without replacement
 
 
-def _built_in_agent(name: str, seeds=(0, 1)):
+def _built_in_agent(name: str, seeds=(0, 1), **critic):
     """A small ``name`` agent (REDQ: 4 critics, a random 2 in the target; CrossQ: batch
-    renormalization on from the start) and a replay buffer of 300 transitions."""
+    renormalization on from the start; ``critic``: options of its critic) and a replay buffer of 300
+    transitions."""
     cfg = TrainConfig(agent=name)
     cfg.actor.hidden = cfg.critic.hidden = [16, 16]
+    for key, value in critic.items():
+        setattr(cfg.critic, key, value)
     cfg.critic.num_critics = 4 if name == "redq" else 2
     cfg.crossq.warmup = 0
     agent, buf = AGENTS[name](5, 2, cfg, SeedStreams(list(seeds))), _agent_and_buffer(seeds)[1]
@@ -346,13 +349,18 @@ def _built_in_agent(name: str, seeds=(0, 1)):
     return agent, buf
 
 
-@pytest.mark.parametrize("name", ["sac", "td3", "redq", "crossq"])
-def test_the_diagnostics_critic_loss_is_the_updates(name):
+HEADS = {"scalar": {}, "categorical": {"head": "categorical", "num_atoms": 11, "v_min": -5.0, "v_max": 5.0},
+         "quantile": {"head": "quantile", "num_quantiles": 5, "drop_top": 1}}
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+@pytest.mark.parametrize("name", ["sac", "td3", "redq", "crossq", "droq"])
+def test_the_diagnostics_critic_loss_is_the_updates(name, head):
     """One loss per network: on the same batch and noise, the mean of the per-example critic losses
     the gradient-rank diagnostics differentiate is the critic loss the update minimizes (REDQ's on
-    its update's random subset, CrossQ's in the joint forward with batch statistics), and forming
-    them changes nothing (CrossQ's running statistics included)."""
-    agent, buf = _built_in_agent(name)
+    its update's random subset, CrossQ's in the joint forward with batch statistics), for every
+    critic head, and forming them changes nothing (CrossQ's running statistics included)."""
+    agent, buf = _built_in_agent(name, **HEADS[head])
     batch, noise = probe_batch(agent, buf, 24, [0, 1], tick=1)
     before = {k: v.clone() for k, v in agent.state_dict().items()}
     loss, probe = network_loss(agent, "critic", batch, noise)

@@ -127,6 +127,35 @@ def test_compiled_and_blocks_equal_eager_for_every_intervention(cls, interventio
     _assert_equal(resumed, eager, [resumed.update(batch, noise)], [eager.update(batch, noise)])
 
 
+HEAD_CASES = {
+    "sac-categorical-hl_gauss": (SAC, {"head": "categorical", "num_atoms": 11, "v_min": -3.0, "v_max": 3.0,
+                                       "projection": "hl_gauss"}),
+    "td3-quantile-drop_top": (TD3, {"head": "quantile", "num_quantiles": 5, "drop_top": 1}),
+    "redq-categorical-two_hot": (REDQ, {"head": "categorical", "num_atoms": 11, "v_min": -3.0, "v_max": 3.0}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("float64")
+@pytest.mark.parametrize("case", list(HEAD_CASES))
+def test_compiled_and_blocks_equal_eager_for_the_distributional_heads(case):
+    """A categorical head (HL-Gauss or two-hot projection) and a quantile head (TQC's truncation) with
+    the spectral penalty: compiled updates in blocks of 3 equal eager ones on every parameter and
+    target, Adam state and every call's metrics."""
+    cls, head = HEAD_CASES[case]
+
+    def config(**kw) -> TrainConfig:
+        cfg = _config(cls.name, "none", **kw)
+        for key, value in head.items():
+            setattr(cfg.critic, key, value)
+        return cfg
+
+    eager, eager_infos, _ = _train(cls, config())
+    comp, comp_infos, _ = _train(cls, config(compile=True, compile_block=3))
+    assert comp._block_size(3) == 3
+    _assert_equal(comp, eager, comp_infos, eager_infos)
+
+
 SPECTRAL_OPTIONS = {
     "init-k1": {"target": "init", "k": 1.0},
     "no-bias-hidden": {"bias": False, "layers": "hidden", "target": "init"},

@@ -365,19 +365,22 @@ def test_networks_are_initialized_as_in_rl_with_resets():
 
 
 @pytest.mark.parametrize("width", [1, 3])
-def test_the_critics_head_width_is_the_agents(width):
-    """An agent's declared ``critic_width`` shapes its critic's head, its ``q_values``
-    (``[N, C, B]`` for a scalar head, ``[N, C, B, W]`` otherwise) and its memory estimate."""
-    wide = type("Wide", (SAC,), {"critic_width": width})
-    cfg = TrainConfig(num_seeds=2)
-    cfg.actor.hidden = cfg.critic.hidden = [16, 16]
-    agent = wide(5, 2, cfg, SeedStreams([0, 1]))
+def test_the_critics_head_width_is_the_heads(width):
+    """The critic head's width (``critic.head``: 1 for a scalar, ``num_quantiles`` for quantiles)
+    shapes the critic's output layer, its ``critic_outputs`` (``[N, C, B]`` for a scalar head,
+    ``[N, C, B, W]`` otherwise) and its memory estimate; ``q_values`` are ``[N, C, B]`` either way."""
+    cfg, scalar = TrainConfig(num_seeds=2), TrainConfig(num_seeds=2)
+    cfg.actor.hidden = cfg.critic.hidden = scalar.actor.hidden = scalar.critic.hidden = [16, 16]
+    if width > 1:
+        cfg.critic.head, cfg.critic.num_quantiles = "quantile", width
+    agent = SAC(5, 2, cfg, SeedStreams([0, 1]))
     assert agent.critic.heads[0].weight.shape == agent.target_critic.heads[0].weight.shape == (4, width, 16)
     batch = random_batch(n=2)
-    q = agent.q_values(agent.critic, batch["obs"], batch["action"])
-    assert q.shape == (2, 2, 8) + ((width,) if width > 1 else ())
+    out = agent.critic_outputs(agent.critic, batch["obs"], batch["action"])
+    assert out.shape == (2, 2, 8) + ((width,) if width > 1 else ())
+    assert agent.q_values(agent.critic, batch["obs"], batch["action"]).shape == (2, 2, 8)
     part = "a batch's transitions and activations"
-    grown = wide.memory_estimate(cfg, 5, 2)[part] - SAC.memory_estimate(cfg, 5, 2)[part]
+    grown = SAC.memory_estimate(cfg, 5, 2)[part] - SAC.memory_estimate(scalar, 5, 2)[part]
     assert grown == 4 * 2 * 2 * 2 * cfg.batch_size * 4 * (width - 1)  # fp32 · 2 · N · C · B · 4 per unit
 
 

@@ -1,7 +1,8 @@
 """The one small base of the member-batched actor-critic agents (SAC, TD3, REDQ, CrossQ) on the
 update engine, and the pieces they share as functions: an actor with one member per seed and
-``num_critics`` Q-networks per seed in one batched critic, the critic's input layout and Q-values,
-the TD target and the critic step's reduction, the table of trained networks, acting, the run
+``num_critics`` Q-networks per seed in one batched critic, the critic's input layout, head outputs and
+Q-values (their expectations, :mod:`~sac_spectral.agents.heads`), the TD target of any head and the
+critic step's reduction, the table of trained networks, acting, the run
 checks and the memory estimate. Each agent writes its networks, draws, losses and steps in its own
 file, one level below :class:`ActorCritic`.
 
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from sac_spectral.agents.engine import Engine, Trained
+from sac_spectral.agents.heads import Head, loss_elements, make_head
 from sac_spectral.agents.steps import Metrics, Noise
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.optim import make_optimizer
@@ -36,12 +38,6 @@ def member_generators(streams: SeedStreams | None, members: int) -> list[torch.G
     return None if streams is None else [g for g in streams["init"] for _ in range(members)]
 
 
-def head_shape(width: int) -> tuple[int, ...]:
-    """A critic head's outputs per example and critic as a shape: ``()`` for a scalar Q (``width`` 1),
-    ``(width,)`` otherwise."""
-    return () if width == 1 else (width,)
-
-
 def make_optimizer_of(cfg: Any, params: list[nn.Parameter] | list[dict[str, Any]],
                       betas: tuple[float, float] = BETAS) -> torch.optim.Optimizer:
     """Adam, or AdamW (decoupled decay) when the network's ``weight_decay > 0``, with fused kernels."""
@@ -49,10 +45,27 @@ def make_optimizer_of(cfg: Any, params: list[nn.Parameter] | list[dict[str, Any]
     return make_optimizer(name, params, cfg.lr, cfg.weight_decay, betas=betas, implementation="fused")
 
 
+def _trailing(x: Tensor, like: Tensor) -> Tensor:
+    """``x [N, B]`` viewed to broadcast against ``like [N, B, …]``."""
+    return x.view(*x.shape, *(1,) * (like.dim() - x.dim()))
+
+
 def td_target(batch: Metrics, next_value: Tensor, gamma: float) -> Tensor:
-    """``[N, B]`` TD target ``r + γ(1 − terminated)·V(s′)``: a time-limit truncation keeps
-    bootstrapping, only a true termination stops it."""
-    return batch["reward"] + gamma * (1.0 - batch["terminated"]) * next_value
+    """TD target ``r + γ(1 − terminated)·V(s′)`` of ``next_value`` ``[N, B]`` (or atoms ``[N, B, J]``):
+    a time-limit truncation keeps bootstrapping, only a true termination stops it."""
+    reward, terminated = _trailing(batch["reward"], next_value), _trailing(batch["terminated"], next_value)
+    return reward + gamma * (1.0 - terminated) * next_value
+
+
+def head_target(head: Head, batch: Metrics, next_out: Tensor, gamma: float, penalty: Tensor | None = None) -> Tensor:
+    """The critic head's TD target (held fixed) from the next-state outputs ``[N, C′, B, *head]`` of the
+    critics the agent's target reads: the head's :meth:`next_value` of them (a scalar head: their
+    minimum) less ``penalty`` ``[N, B]`` (``α log π(a′|s′)``), through :func:`td_target` and the head's
+    :meth:`target` (a categorical head: the projection onto its support)."""
+    values, weights = head.next_value(next_out)
+    if penalty is not None:
+        values = values - _trailing(penalty, values)
+    return head.target(td_target(batch, values, gamma), weights)
 
 
 def td_step(losses: Tensor, q: Tensor) -> tuple[Tensor, Metrics]:
@@ -72,8 +85,6 @@ class ActorCritic(Engine):
     actor_delay: ClassVar[str | None] = None
     #: whether the critic's per-example losses couple the examples (CrossQ's batch statistics)
     coupled: ClassVar[bool] = False
-    #: the critic head's outputs per example (1: a scalar Q); :meth:`networks` builds the critic with it
-    critic_width: ClassVar[int] = 1
     actor: BatchedNetwork
     critic: BatchedNetwork
     acting: Acting
@@ -81,6 +92,7 @@ class ActorCritic(Engine):
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams) -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.num_critics = cfg.critic.num_critics
+        self.head = make_head(cfg.critic)
 
     @classmethod
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
@@ -119,12 +131,14 @@ class ActorCritic(Engine):
         x = torch.cat([obs, action], dim=-1).unsqueeze(1).expand(n, self.num_critics, b, -1)
         return x.reshape(n * self.num_critics, b, -1)
 
-    def q_values(self, net: BatchedNetwork, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
-        """The critic heads' outputs ``[N, num_critics, B, *head]`` for ``obs, action: [N, B, ·]``
-        (:func:`head_shape` of :attr:`critic_width`: Q-values ``[N, C, B]`` for a scalar head)."""
+    def critic_outputs(self, net: BatchedNetwork, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
+        """The critic heads' outputs ``[N, num_critics, B, *head.shape]`` for ``obs, action: [N, B, ·]``."""
         n, b = obs.shape[:2]
-        out = full(net(self.critic_inputs(obs, action), detach))
-        return out.view(n, self.num_critics, b, *head_shape(self.critic_width))
+        return full(net(self.critic_inputs(obs, action), detach)).view(n, self.num_critics, b, *self.head.shape)
+
+    def q_values(self, net: BatchedNetwork, obs: Tensor, action: Tensor, detach: bool = False) -> Tensor:
+        """Q-values ``[N, num_critics, B]``: the expectations of the heads' outputs."""
+        return self.head.expectation(self.critic_outputs(net, obs, action, detach))
 
     @torch.inference_mode()
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
@@ -182,6 +196,8 @@ class ActorCritic(Engine):
                 + 2 * n * b * (actor_sizes[0] + 4 * sum(actor_sizes[1:]))
             ),
         }
+        if cfg.critic.head != "scalar":
+            parts["critic head's target and loss"] = FLOAT32 * n * b * loss_elements(cfg.critic)
         if cfg.diagnostics.every:
             per_member = max(counts["critic"] // (n * c), counts["actor"] // n)
             parts["diagnostics probe"] = FLOAT32 * n * c * min(cfg.diagnostics.batch_size, cfg.buffer_size) * per_member

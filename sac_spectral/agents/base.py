@@ -99,10 +99,13 @@ class Agent(Protocol):
 
 
 def actor_dims(actor_state: dict[str, Tensor]) -> tuple[int, int, int]:
-    """``(members, obs_dim, act_dim)`` of an actor's state dict: its first weight ``[M, out, obs]``
-    and its first head ``[M, act, ·]``; a ``KeyError`` / ``ValueError`` where it has neither."""
+    """``(members, obs_dim, act_dim)`` of an actor's state dict: its input statistics ``[M, obs]``
+    where it keeps them, else its first weight ``[M, out, obs]``, and its first head's last weight
+    ``[M, act, ·]``; a ``KeyError`` / ``StopIteration`` where it has neither."""
     first = next(v for k, v in actor_state.items() if k.endswith("weight") and v.dim() == 3)
-    return first.shape[0], first.shape[2], actor_state["heads.0.weight"].shape[1]
+    obs = actor_state["input_norm.mean"].shape[1] if "input_norm.mean" in actor_state else first.shape[2]
+    head = [v for k, v in actor_state.items() if k.startswith("heads.0.") and k.endswith("weight") and v.dim() == 3]
+    return first.shape[0], obs, head[-1].shape[1] if head else actor_state["heads.0.weight"].shape[1]
 
 
 AGENTS: dict[str, type] = {}

@@ -4,8 +4,9 @@ of a segment of an agent's steps (:meth:`~sac_spectral.agents.engine.Engine.step
 Each step is written as a function of its network's parameters — its loss through
 :func:`torch.func.functional_call`, its gradient by :func:`torch.func.grad_and_value`, the
 regularizers' penalty gradients (:meth:`~sac_spectral.regularizers.Regularizer.penalty_and_grads`,
-the formula eager's ``penalty()`` differentiates) added, and the Adam/AdamW step of
-:func:`~sac_spectral.core.optim.adam_step_` — so that ``torch.compile`` sees forward, backward,
+the formula eager's ``penalty()`` differentiates) added, the Adam/AdamW step of
+:func:`~sac_spectral.core.optim.adam_step_` and the network's projection
+(:meth:`~sac_spectral.core.nets.BatchedNetwork.project`, SimbaV2's) — so that ``torch.compile`` sees forward, backward,
 penalties, optimizer step and the ``after()`` (a Polyak step) of the steps before the last as one
 graph and fuses their elementwise work (inductor's C++ code on the CPU; CUDA graphs on a GPU).
 On the CPU the program's matrix products, forward and backward, run as oneDNN batched matmuls
@@ -264,6 +265,7 @@ class Compiled:
             grads = list(grads)
             net.add_penalties(grads, penalties)
             net.apply(grads, state, hyper)
+            self.agent.trained[step.net].module.project()
             if step.after is not None and (after_inside or i < len(steps) - 1):
                 step.after()
             info.update(metrics)

@@ -10,12 +10,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sac_spectral.agents.base import agent_sections
+from sac_spectral.agents.heads import HEAD_OPTIONS, HEADS, PROJECTIONS
 from sac_spectral.core.config import at_least, check, option, section
 from sac_spectral.core.nets import ACTIVATIONS, INITS
 from sac_spectral.core.precision import PRECISIONS
 from sac_spectral.core.residual import ARCHS
 from sac_spectral.regularizers import validate_specs
 
+#: regularizers that rescale weights after each step, as simbav2's own projection does
+SPHERE_CONFLICTS = ("nap", "spectral_norm")
 #: what a compiled CPU program's matrix products run on (:mod:`sac_spectral.core.onednn`)
 COMPILE_PRODUCTS = ("onednn", "aten")
 
@@ -25,8 +28,8 @@ class NetConfig:
     """Architecture, optimizer and regularizers of one network."""
 
     arch: str = option("mlp",
-                       f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; hidden = [width] * "
-                       "(blocks + 1))")
+                       f"network: {' | '.join(ARCHS)} (bronet, simba: residual LayerNorm nets; simbav2: "
+                       "hyperspherical; hidden = [width] * (blocks + 1))")
     hidden: list[int] = option([256, 256], "hidden layer widths")
     activation: str = option("relu", f"hidden activation: {', '.join(ACTIVATIONS)}")
     layer_norm: bool = option(False, "LayerNorm after each hidden linear layer")
@@ -47,6 +50,12 @@ class NetConfig:
               f"{self.arch} keeps the stream's width; '{self.activation}' changes it")
         check(self.activation in ACTIVATIONS, "activation",
               f"'{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+        check(self.arch != "simbav2" or not self.layer_norm, "layer_norm",
+              "simbav2 normalizes its features onto the unit sphere; layer_norm: true contradicts it (set it false)")
+        projections = [r.get("name") for r in self.regularizers if r.get("name") in SPHERE_CONFLICTS]
+        check(self.arch != "simbav2" or not projections, "regularizers",
+              f"{', '.join(projections)} rescales weights after each step, which contradicts simbav2's projection of "
+              "every weight row onto the unit sphere; drop it")
         check(self.init in INITS, "init", f"'{self.init}' is not one of {', '.join(INITS)}")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         at_least(self, 0, "weight_decay")
@@ -67,10 +76,39 @@ class ActorConfig(NetConfig):
 @dataclass
 class CriticConfig(NetConfig):
     num_critics: int = option(2, "Q-networks in the ensemble (min over them in targets)")
+    head: str = option("scalar", f"the critic's output: {' | '.join(HEADS)} (docs/agents.md: critic heads)")
+    num_atoms: int = option(101, "head=categorical: atoms of the support")
+    v_min: float | None = option(None, "head=categorical: the support's lowest atom (v_min and v_max not given: "
+                                       "-/+ r_max/(1-gamma), r_max = action_repeat for DMC, whose rewards lie in "
+                                       "[0, 1])")
+    v_max: float | None = option(None, "head=categorical: the support's highest atom")
+    projection: str = option("two_hot", "head=categorical: the target's projection onto the support: "
+                                        f"{' | '.join(PROJECTIONS)}")
+    sigma: float = option(0.75, "head=categorical, projection=hl_gauss: the Gaussian's std in bin widths")
+    num_quantiles: int = option(25, "head=quantile: quantiles per critic")
+    drop_top: int = option(0, "head=quantile: TQC's truncation: the top drop_top x num_critics atoms of the pooled "
+                              "target are dropped (0 = none)")
 
     def validate(self) -> None:
         super().validate()
-        at_least(self, 1, "num_critics")
+        at_least(self, 1, "num_critics", "num_quantiles")
+        check(self.head in HEADS, "head", f"'{self.head}' is not one of {', '.join(HEADS)}")
+        defaults = type(self)()
+        for head, keys in HEAD_OPTIONS.items():
+            changed = next((k for k in keys if getattr(self, k) != getattr(defaults, k)), None)
+            check(head == self.head or changed is None, changed or "head",
+                  f"is an option of head={head}; this critic's head is {self.head}")
+        check(self.num_atoms >= 2, "num_atoms", f"must be >= 2 (a support needs two atoms), got {self.num_atoms}")
+        check(self.v_min is None or self.v_max is None or self.v_min < self.v_max, "v_min",
+              f"must be < v_max ({self.v_max}), got {self.v_min}")
+        check((self.v_min is None) == (self.v_max is None), "v_min",
+              "give v_min and v_max together, or neither (derived from the env's reward range)")
+        check(self.projection in PROJECTIONS, "projection",
+              f"'{self.projection}' is not one of {', '.join(PROJECTIONS)}")
+        check(self.sigma > 0, "sigma", f"must be > 0, got {self.sigma}")
+        check(0 <= self.drop_top < self.num_quantiles, "drop_top",
+              f"must lie in [0, num_quantiles) ({self.num_quantiles}): the pooled target keeps "
+              f"(num_quantiles - drop_top) x num_critics atoms, got {self.drop_top}")
 
 
 @dataclass

@@ -46,12 +46,12 @@ from sac_spectral.agents.actor_critic import (
     BETAS,
     ActorCritic,
     ExportedPolicy,
-    head_shape,
+    head_target,
     member_generators,
     td_step,
-    td_target,
 )
 from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.heads import head_width
 from sac_spectral.agents.networks import (
     actor_groups,
     actor_mean_log_std,
@@ -231,7 +231,7 @@ class CrossQ(ActorCritic):
         actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         c = cfg.critic
         critic = RenormMLP(members * c.num_critics, obs_dim + act_dim, list(c.hidden), cfg.crossq, c.activation, c.init,
-                           member_generators(streams, c.num_critics), cls.critic_width)
+                           member_generators(streams, c.num_critics), head_width(c))
         return {"actor": actor, "critic": critic}
 
     @classmethod
@@ -269,11 +269,11 @@ class CrossQ(ActorCritic):
         x = torch.cat([self.critic_inputs(batch["obs"], batch["action"]),
                        self.critic_inputs(batch["next_obs"], next_action)], dim=1)
         with batch_statistics(self.critic):
-            both = self.critic(x).view(n, self.num_critics, 2 * b, *head_shape(self.critic_width))
-        q, next_q = both[:, :, :b], both[:, :, b:].detach()
+            both = self.critic(x).view(n, self.num_critics, 2 * b, *self.head.shape)
+        out, next_out = both[:, :, :b], both[:, :, b:].detach()
         alpha = self.log_alpha.detach().exp().unsqueeze(-1)
-        target = td_target(batch, next_q.amin(dim=1) - alpha * next_logp, self.cfg.gamma)
-        return (q - target.unsqueeze(1)).square(), q
+        target = head_target(self.head, batch, next_out, self.cfg.gamma, alpha * next_logp)
+        return self.head.losses(out, target), self.head.expectation(out)
 
     def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − min_j Q_j(s_i, ã_i)`` ``[N, B]`` on the critics at their

@@ -39,11 +39,12 @@ from torch import Tensor, nn
 from sac_spectral.agents.actor_critic import (
     ActorCritic,
     ExportedPolicy,
+    head_target,
     member_generators,
     td_step,
-    td_target,
 )
 from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.heads import head_width
 from sac_spectral.agents.networks import (
     actor_groups,
     actor_mean_log_std,
@@ -122,7 +123,7 @@ class DroQ(ActorCritic):
         actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim,
                              dataclasses.replace(cfg.critic, layer_norm=True),
-                             member_generators(streams, cfg.critic.num_critics), cls.critic_width)
+                             member_generators(streams, cfg.critic.num_critics), head_width(cfg.critic))
         return {"actor": actor, "critic": critic, "target_critic": copy.deepcopy(critic).requires_grad_(False)}
 
     @classmethod
@@ -141,14 +142,15 @@ class DroQ(ActorCritic):
 
     # ----------------------------------------------------------------------------- losses
     def dropout_q(self, net: BatchedMLP, obs: Tensor, action: Tensor, noise: Tensor, detach: bool = False) -> Tensor:
-        """Q-values ``[N, M, B]`` of the critics ``net`` with dropout masks from ``noise [N, B, M, Σ h]``:
-        each hidden layer ``ReLU(LayerNorm(mask ⊙ (W x + b)))``."""
+        """Head outputs ``[N, M, B, *head.shape]`` (a scalar head: Q-values ``[N, M, B]``) of the critics
+        ``net`` with dropout masks from ``noise [N, B, M, Σ h]``: each hidden layer
+        ``ReLU(LayerNorm(mask ⊙ (W x + b)))``."""
         n, b = obs.shape[:2]
         x, act = self.critic_inputs(obs, action), ACTIVATIONS[net.activation][0]
         masks = dropout_masks(noise, self.cfg.droq.dropout, self.threshold, self.widths)
         for layer, norm, mask in zip(net.layers, net.norms, masks):
             x = act(norm(layer(x, detach) * mask, detach))
-        return full(net.heads[0](x, detach)).view(n, self.num_critics, b)
+        return full(net.heads[0](x, detach)).view(n, self.num_critics, b, *self.head.shape)
 
     def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
@@ -156,25 +158,26 @@ class DroQ(ActorCritic):
 
     @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Noise) -> Tensor:
-        """``[N, B]`` target on the minimum of the dropout target critics (masks ``dropout_target``),
-        next actions by ``noise["next_action"]``."""
+        """``[N, B]`` target on the minimum of the dropout target critics (masks ``dropout_target``; or
+        the critic head's target, :func:`head_target`), next actions by ``noise["next_action"]``."""
         next_obs = batch["next_obs"]
         next_action, next_logp = self.policy(next_obs, noise["next_action"])
-        next_q = self.dropout_q(self.target_critic, next_obs, next_action, noise["dropout_target"]).amin(dim=1)
-        return td_target(batch, next_q - self.log_alpha.exp().unsqueeze(-1) * next_logp, self.cfg.gamma)
+        next_out = self.dropout_q(self.target_critic, next_obs, next_action, noise["dropout_target"])
+        return head_target(self.head, batch, next_out, self.cfg.gamma, self.log_alpha.exp().unsqueeze(-1) * next_logp)
 
     def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``(Q_Dr,i(s, a) − y)²`` ``[N, M, B]`` (masks ``dropout_q``) and the Q-values."""
         target = self.critic_target(batch, noise)
-        q = self.dropout_q(self.critic, batch["obs"], batch["action"], noise["dropout_q"])
-        return (q - target.unsqueeze(1)).square(), q
+        out = self.dropout_q(self.critic, batch["obs"], batch["action"], noise["dropout_q"])
+        return self.head.losses(out, target), self.head.expectation(out)
 
     def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã|s) − mean_i Q_Dr,i(s, ã)`` ``[N, B]`` on detached critic weights
         (masks ``dropout_actor``), ``ã`` by ``noise["action"]``, and ``log π``."""
         obs = batch["obs"]
         action, logp = self.policy(obs, noise["action"])
-        q_pi = self.dropout_q(self.critic, obs, action, noise["dropout_actor"], detach=True).mean(dim=1)
+        out = self.dropout_q(self.critic, obs, action, noise["dropout_actor"], detach=True)
+        q_pi = self.head.expectation(out).mean(dim=1)
         return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 
     # ----------------------------------------------------------------------------- the update

@@ -8,13 +8,17 @@ what it draws (:attr:`Engine.draws`: named shapes of standard normals, drawn for
 from each seed's ``sample`` stream).
 :class:`Engine` runs every update, for every agent, as
 
-    loss → penalties → gradient → optimizer step → the network's interventions (``after_step``)
-    → the step's ``after()`` → count,
+    loss → penalties → gradient → optimizer step → the network's projection → the network's
+    interventions (``after_step``) → the step's ``after()`` → count,
 
-step by step. A **backend** computes only the gradient and optimizer step of a *segment* of
-consecutive steps: eager (autograd and ``torch.optim``, bf16 weight copies) runs one step per
-segment; the compiled backend (:mod:`~sac_spectral.agents.compiled`) runs as many consecutive steps
-as no intervention separates as one program, and the ``after()`` of a segment's last step inside
+step by step. The projection is the network's own constraint
+(:meth:`~sac_spectral.core.nets.BatchedNetwork.project`: SimbaV2's weights back onto the unit
+sphere; nothing for the others), part of the optimizer step in both backends, so a compiled
+program holds it and it never ends a segment. A **backend** computes only the gradient and
+optimizer step of a *segment* of consecutive steps: eager (autograd and ``torch.optim``, bf16
+weight copies) runs one step per segment; the compiled backend
+(:mod:`~sac_spectral.agents.compiled`) runs as many consecutive steps as no intervention separates
+as one program, and the ``after()`` of a segment's last step inside
 it only where that network has no intervention (so an intervention always runs before the step's
 ``after()``, as eager runs it). Blocks of several updates (``compile_block``) are one program call
 of the same loop where nothing intervenes. Compiled therefore equals eager by construction.
@@ -89,7 +93,8 @@ class Eager:
         return [Segment((step,)) for step in steps]
 
     def run(self, segment: Segment, batch: Metrics, noise: Noise) -> Metrics:
-        """The step's loss (under the precision's forward), penalties, gradient and optimizer step."""
+        """The step's loss (under the precision's forward), penalties, gradient, optimizer step and
+        the network's projection."""
         (step,) = segment.steps
         engine, trained = self.engine, self.engine.trained[step.net]
         with engine.precision.forward():
@@ -98,6 +103,7 @@ class Eager:
         def optimizer_step() -> None:
             engine.precision.collect_grads(step.net)
             trained.optimizer.step()
+            trained.module.project()
 
         penalized_step(loss, trained.optimizer, trained.regularizers, optimizer_step)
         engine.precision.refresh(step.net)

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators, td_step, td_target
+from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, head_target, member_generators, td_step
 from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.heads import head_width
 from sac_spectral.agents.networks import (
     actor_groups,
     actor_mean_log_std,
@@ -95,7 +96,7 @@ class REDQ(ActorCritic):
                  streams: SeedStreams | None = None) -> dict[str, nn.Module]:
         actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
-                             member_generators(streams, cfg.critic.num_critics), cls.critic_width)
+                             member_generators(streams, cfg.critic.num_critics), head_width(cfg.critic))
         return {"actor": actor, "critic": critic, "target_critic": copy.deepcopy(critic).requires_grad_(False)}
 
     @classmethod
@@ -120,21 +121,22 @@ class REDQ(ActorCritic):
 
     @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Tensor, subset: Tensor) -> Tensor:
-        """``[N, B]`` target on the minimum of the target critics in ``subset`` ``[N, M]``, next
-        actions by ``noise [N, B, A]``."""
+        """``[N, B]`` target on the minimum of the target critics in ``subset`` ``[N, M]`` (or the critic
+        head's target of them, :func:`head_target`), next actions by ``noise [N, B, A]``."""
         next_obs = batch["next_obs"]
         next_action, next_logp = self.policy(next_obs, noise)
-        next_q = self.q_values(self.target_critic, next_obs, next_action)
-        next_q = next_q.gather(1, subset.unsqueeze(-1).expand(-1, -1, next_q.shape[-1])).amin(dim=1)
-        return td_target(batch, next_q - self.log_alpha.exp().unsqueeze(-1) * next_logp, self.cfg.gamma)
+        next_out = self.critic_outputs(self.target_critic, next_obs, next_action)
+        index = subset.view(*subset.shape, *(1,) * (next_out.dim() - 2)).expand(-1, -1, *next_out.shape[2:])
+        return head_target(self.head, batch, next_out.gather(1, index), self.cfg.gamma,
+                           self.log_alpha.exp().unsqueeze(-1) * next_logp)
 
     def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``[N, C, B]`` of every critic against the target of this update's
         subset (drawn from ``noise["subset"]``), and the Q-values."""
         subset = random_subset(noise["subset"], self.cfg.redq.num_min, self.num_critics)
         target = self.critic_target(batch, noise["next_action"], subset)
-        q = self.q_values(self.critic, batch["obs"], batch["action"])
-        return (q - target.unsqueeze(1)).square(), q
+        out = self.critic_outputs(self.critic, batch["obs"], batch["action"])
+        return self.head.losses(out, target), self.head.expectation(out)
 
     def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example ``α log π(ã_i|s_i) − mean_j Q_j(s_i, ã_i)`` ``[N, B]`` on detached critic

@@ -7,6 +7,9 @@ indices from its own generator. Transitions hold ``obs``, ``action``, ``reward``
 (one env step's five small writes cost microseconds, not tensor-indexing dispatches).
 ``sample`` returns a ``TensorDict``; ``tensordict`` is imported only then (it pulls in
 ``torch._dynamo``, seconds of start-up that the training loop does not need).
+With a :class:`~sac_spectral.agents.reward_scale.RewardScale`, ``add`` folds each step's rewards and
+episode ends into its statistics and ``gather`` divides the rewards it returns by the current scale;
+the stored rewards stay as the env gave them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sac_spectral.agents.reward_scale import RewardScale
 from sac_spectral.core.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -36,6 +40,7 @@ class ReplayBuffer:
         act_dim: int,
         num_seeds: int = 1,
         device: str | torch.device = "cpu",
+        reward_scale: RewardScale | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -49,6 +54,7 @@ class ReplayBuffer:
         self._numpy = [v.numpy() for v in self.storage.values()] if self.device.type == "cpu" else None
         self.ptr = 0
         self.size = 0
+        self.reward_scale = reward_scale
 
     def __len__(self) -> int:
         return self.size
@@ -64,9 +70,13 @@ class ReplayBuffer:
         reward: Tensor | np.ndarray,
         next_obs: Tensor | np.ndarray,
         terminated: Tensor | np.ndarray,
+        ended: Tensor | np.ndarray | None = None,
     ) -> None:
         """Append one transition per seed (leading dimension ``num_seeds``), cast to the storage's dtype
-        (torch's default: float32)."""
+        (torch's default: float32); ``ended`` (terminated or truncated, default ``terminated``) ends
+        the reward scale's running return."""
+        if self.reward_scale is not None:
+            self.reward_scale.observe(reward, terminated if ended is None else ended)
         values = (obs, action, reward, next_obs, terminated)
         if self._numpy is not None:
             for array, value in zip(self._numpy, values):
@@ -86,9 +96,13 @@ class ReplayBuffer:
         ).to(self.device)
 
     def gather(self, idx: Tensor) -> dict[str, Tensor]:
-        """Transitions at ``idx: [num_seeds, *shape]`` → each ``[num_seeds, *shape, ...]``."""
+        """Transitions at ``idx: [num_seeds, *shape]`` → each ``[num_seeds, *shape, ...]``, rewards
+        scaled by the reward scale, if any."""
         rows = torch.arange(self.num_seeds, device=idx.device).view(-1, *([1] * (idx.dim() - 1)))
-        return {k: v[rows, idx] for k, v in self.storage.items()}
+        out = {k: v[rows, idx] for k, v in self.storage.items()}
+        if self.reward_scale is not None:
+            out["reward"] = self.reward_scale.scale(out["reward"])
+        return out
 
     def sample(self, generators: Sequence[torch.Generator], batch_size: int) -> TensorDict:
         """A ``[num_seeds, batch_size]`` TensorDict of uniformly drawn transitions."""
@@ -103,6 +117,7 @@ class ReplayBuffer:
             "size": self.size,
             "capacity": self.capacity,
             "data": {k: v[:, : self.size].clone() for k, v in self.storage.items()},
+            **({"reward_scale": self.reward_scale.state_dict()} if self.reward_scale is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -114,6 +129,12 @@ class ReplayBuffer:
                                  "...]")
             self.storage[k][:, : v.shape[1]] = v.to(self.device)
         self.ptr, self.size = int(state["ptr"]), int(state["size"])
+        if (self.reward_scale is None) != ("reward_scale" not in state):
+            have = "has" if "reward_scale" in state else "has no"
+            raise ValueError(f"the checkpoint's buffer {have} reward-scale statistics, this run's reward_scale "
+                             f"is {'none' if self.reward_scale is None else 'simbav2'}")
+        if self.reward_scale is not None:
+            self.reward_scale.load_state_dict(state["reward_scale"])
 
 
 def distinct_rows(buffer: ReplayBuffer, size: int, seeds: Sequence[int], purpose: str

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators, td_step, td_target
+from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, head_target, member_generators, td_step
 from sac_spectral.agents.base import actor_dims, register_agent
 from sac_spectral.agents.config import SACConfig
+from sac_spectral.agents.heads import head_width
 from sac_spectral.agents.networks import (
     actor_groups,
     actor_mean_log_std,
@@ -83,7 +84,7 @@ class SAC(ActorCritic):
                  streams: SeedStreams | None = None) -> dict[str, nn.Module]:
         actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
-                             member_generators(streams, cfg.critic.num_critics), cls.critic_width)
+                             member_generators(streams, cfg.critic.num_critics), head_width(cfg.critic))
         return {"actor": actor, "critic": critic, "target_critic": copy.deepcopy(critic).requires_grad_(False)}
 
     @classmethod
@@ -100,19 +101,19 @@ class SAC(ActorCritic):
 
     @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Tensor) -> Tensor:
-        """``[N, B]`` soft TD target ``r + γ(1 − terminated)(min_j Q̄_j(s′, a′) − α log π(a′|s′))``,
-        ``a′`` by ``noise [N, B, A]``."""
+        """Soft TD target ``r + γ(1 − terminated)(min_j Q̄_j(s′, a′) − α log π(a′|s′))`` ``[N, B]``
+        (or the critic head's target, :func:`head_target`), ``a′`` by ``noise [N, B, A]``."""
         next_action, next_logp = self.policy(batch["next_obs"], noise)
-        next_q = self.q_values(self.target_critic, batch["next_obs"], next_action).amin(dim=1)
-        return td_target(batch, next_q - self.log_alpha.exp().unsqueeze(-1) * next_logp, self.cfg.gamma)
+        next_out = self.critic_outputs(self.target_critic, batch["next_obs"], next_action)
+        return head_target(self.head, batch, next_out, self.cfg.gamma, self.log_alpha.exp().unsqueeze(-1) * next_logp)
 
     def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
-        """Per-example TD losses ``ℓ_{n,j,i} = (Q_{n,j}(s_i, a_i) − y_{n,i})²`` ``[N, C, B]`` with the
-        target ``y`` (:meth:`critic_target` on ``noise["next_action"]``) held fixed, and the
-        Q-values ``[N, C, B]``."""
+        """Per-example TD losses ``ℓ_{n,j,i} = (Q_{n,j}(s_i, a_i) − y_{n,i})²`` ``[N, C, B]`` (or the
+        critic head's loss) with the target ``y`` (:meth:`critic_target` on ``noise["next_action"]``)
+        held fixed, and the Q-values ``[N, C, B]``."""
         target = self.critic_target(batch, noise["next_action"])
-        q = self.q_values(self.critic, batch["obs"], batch["action"])
-        return (q - target.unsqueeze(1)).square(), q
+        out = self.critic_outputs(self.critic, batch["obs"], batch["action"])
+        return self.head.losses(out, target), self.head.expectation(out)
 
     def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example actor losses ``ℓ_{n,i} = α_n log π_n(ã_i|s_i) − min_j Q_{n,j}(s_i, ã_i)`` ``[N, B]``

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, member_generators, td_step, td_target
+from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, head_target, member_generators, td_step
 from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.heads import head_width
 from sac_spectral.agents.networks import make_critic
 from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, option
@@ -90,7 +91,7 @@ class TD3(ActorCritic):
                  streams: SeedStreams | None = None) -> dict[str, nn.Module]:
         actor = make_deterministic_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
         critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
-                             member_generators(streams, cfg.critic.num_critics), cls.critic_width)
+                             member_generators(streams, cfg.critic.num_critics), head_width(cfg.critic))
         return {"actor": actor, "critic": critic, "target_actor": copy.deepcopy(actor).requires_grad_(False),
                 "target_critic": copy.deepcopy(critic).requires_grad_(False)}
 
@@ -104,18 +105,18 @@ class TD3(ActorCritic):
     # ----------------------------------------------------------------------------- losses
     @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Tensor) -> Tensor:
-        """``[N, B]`` target ``r + γ(1 − terminated)·min_j Q′_j(s′, ã′)`` with the target action
-        smoothed by ``noise [N, B, A]``."""
+        """``[N, B]`` target ``r + γ(1 − terminated)·min_j Q′_j(s′, ã′)`` (or the critic head's,
+        :func:`head_target`) with the target action smoothed by ``noise [N, B, A]``."""
         smoothing = (self.opts.policy_noise * noise).clamp(-self.opts.noise_clip, self.opts.noise_clip)
         next_action = (torch.tanh(full(self.target_actor(batch["next_obs"]))) + smoothing).clamp(-1.0, 1.0)
-        next_q = self.q_values(self.target_critic, batch["next_obs"], next_action).amin(dim=1)
-        return td_target(batch, next_q, self.cfg.gamma)
+        next_out = self.critic_outputs(self.target_critic, batch["next_obs"], next_action)
+        return head_target(self.head, batch, next_out, self.cfg.gamma)
 
     def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``[N, C, B]`` (target held fixed, smoothed by ``noise["next_action"]``)
         and the Q-values ``[N, C, B]``."""
-        q = self.q_values(self.critic, batch["obs"], batch["action"])
-        return (q - self.critic_target(batch, noise["next_action"]).unsqueeze(1)).square(), q
+        out = self.critic_outputs(self.critic, batch["obs"], batch["action"])
+        return self.head.losses(out, self.critic_target(batch, noise["next_action"])), self.head.expectation(out)
 
     def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example actor losses ``−Q_1(s_i, μ(s_i))`` ``[N, B]`` on detached critic weights, and

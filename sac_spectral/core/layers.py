@@ -8,7 +8,8 @@ parameters' gradients.
 - ``nn.Linear``: weight ``[out, in]`` → ``[1, out, in]`` (a plain layer is one member).
 - :class:`~sac_spectral.core.nets.BatchedLinear`: weight ``[M, out, in]`` as stored.
 - ``nn.Conv1d/2d/3d``: kernel ``[out, in, *k]`` reshaped to ``[1, out, in·∏k]``.
-- ``nn.LayerNorm`` / :class:`~sac_spectral.core.nets.BatchedLayerNorm`: ``kind="norm"``, gain and shift.
+- ``nn.LayerNorm`` / :class:`~sac_spectral.core.nets.BatchedLayerNorm`: ``kind="norm"``, gain and shift;
+  SimbaV2's :class:`~sac_spectral.core.hyperspherical.BatchedScaler`: ``kind="norm"``, a gain alone.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from sac_spectral.core.hyperspherical import BatchedScaler
 from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear, BatchedNetwork
 from sac_spectral.core.reinit import TORCH_NORMS, member_count, members_view
 
 Kind = Literal["linear", "conv", "norm"]
 #: the layers with a weight matrix (kernel): linear, member-batched linear, convolutions
 WEIGHTED = (nn.Linear, nn.modules.conv._ConvNd, BatchedLinear)
-#: the normalization layers (gain and shift)
-NORMS = (*TORCH_NORMS, BatchedLayerNorm)
+#: the normalization layers (gain and shift; SimbaV2's scalers are a gain alone)
+NORMS = (*TORCH_NORMS, BatchedLayerNorm, BatchedScaler)
 LAYER_CHOICES = ("all", "hidden")
 
 

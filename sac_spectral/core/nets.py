@@ -171,10 +171,37 @@ class BatchedLayerNorm(nn.Module):
         return torch.addcmul(b.unsqueeze(1), self.normalized(x), w.unsqueeze(1))
 
 
+class RunningNorm(nn.Module):
+    """Per-member running mean and variance of the inputs ``[M, in]`` (Chan et al.'s parallel
+    update from each batch that :meth:`observe` sees); ``forward`` standardizes with them."""
+
+    def __init__(self, members: int, features: int, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("mean", torch.zeros(members, features))
+        self.register_buffer("var", torch.ones(members, features))
+        self.register_buffer("count", torch.zeros(members, 1))
+
+    @torch.no_grad()
+    def observe(self, x: Tensor) -> None:
+        """Fold the batch ``x [M, B, in]`` into the statistics."""
+        n = x.shape[1]
+        mean, var = x.mean(dim=1), x.var(dim=1, unbiased=False)
+        total = self.count + n
+        delta = mean - self.mean
+        self.var.copy_((self.var * self.count + var * n + delta.square() * self.count * n / total) / total)
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x - self.mean.unsqueeze(1)) * torch.rsqrt(self.var.unsqueeze(1) + self.eps)
+
+
 class BatchedNetwork(nn.Module):
     """What every member-batched network of the agents offers: ``forward(x, detach,
-    return_hidden)``, its output layers, its levels from the input (:meth:`tail`, for resets) and
-    :meth:`observe` (inputs seen in training, for networks that keep input statistics)."""
+    return_hidden)``, its output layers, its levels from the input (:meth:`tail`, for resets),
+    :meth:`observe` (inputs seen in training, for networks that keep input statistics) and
+    :meth:`project` (its constraint, applied after each optimizer step)."""
 
     members: int
     #: whether :meth:`observe` keeps statistics of the inputs
@@ -200,6 +227,10 @@ class BatchedNetwork(nn.Module):
 
     def observe(self, x: Tensor) -> None:
         """Inputs ``[M, B, in]`` of a training batch (nothing to do for a plain network)."""
+
+    def project(self) -> None:
+        """Constrain the parameters in place; the update engine calls it right after each optimizer
+        step of the network, inside a compiled program too (nothing to do for a plain network)."""
 
 
 class BatchedMLP(BatchedNetwork):

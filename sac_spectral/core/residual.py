@@ -15,6 +15,9 @@ embedding and after each block as their hidden features, and count levels for re
 LayerNorm belongs to the last block), the embedding the first. :meth:`hidden_units` names the
 units inside each block with the layer that produces them and the layer that reads them, which is
 what ReDo re-initializes.
+
+:func:`make_network` builds every arch of :data:`ARCHS` by name: these two, the MLP and SimbaV2
+(:mod:`~sac_spectral.core.hyperspherical`).
 """
 
 from __future__ import annotations
@@ -25,38 +28,22 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.core.nets import ACTIVATIONS, BatchedLayerNorm, BatchedLinear, BatchedMLP, BatchedNetwork
+from sac_spectral.core.hyperspherical import HypersphericalNet
+from sac_spectral.core.nets import (
+    ACTIVATIONS,
+    BatchedLayerNorm,
+    BatchedLinear,
+    BatchedMLP,
+    BatchedNetwork,
+    RunningNorm,
+)
 from sac_spectral.core.reinit import per_member
 
-ARCHS = ("mlp", "bronet", "simba")
+ARCHS = ("mlp", "bronet", "simba", "simbav2")
+#: the residual LayerNorm networks of this module
+RESIDUAL = ("bronet", "simba")
 #: SimBa's inverted bottleneck: the block's inner width over the stream's
 EXPANSION = 4
-
-
-class RunningNorm(nn.Module):
-    """Per-member running mean and variance of the inputs ``[M, in]`` (Chan et al.'s parallel
-    update from each batch that :meth:`observe` sees); ``forward`` standardizes with them."""
-
-    def __init__(self, members: int, features: int, eps: float = 1e-8) -> None:
-        super().__init__()
-        self.eps = eps
-        self.register_buffer("mean", torch.zeros(members, features))
-        self.register_buffer("var", torch.ones(members, features))
-        self.register_buffer("count", torch.zeros(members, 1))
-
-    @torch.no_grad()
-    def observe(self, x: Tensor) -> None:
-        """Fold the batch ``x [M, B, in]`` into the statistics."""
-        n = x.shape[1]
-        mean, var = x.mean(dim=1), x.var(dim=1, unbiased=False)
-        total = self.count + n
-        delta = mean - self.mean
-        self.var.copy_((self.var * self.count + var * n + delta.square() * self.count * n / total) / total)
-        self.mean.add_(delta * n / total)
-        self.count.copy_(total)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return (x - self.mean.unsqueeze(1)) * torch.rsqrt(self.var.unsqueeze(1) + self.eps)
 
 
 class ResidualNet(BatchedNetwork):
@@ -67,8 +54,8 @@ class ResidualNet(BatchedNetwork):
                  out_gains: float | Sequence[float] = 1.0,
                  generators: Sequence[torch.Generator | None] | None = None) -> None:
         super().__init__()
-        if arch not in ARCHS[1:]:
-            raise ValueError(f"unknown residual arch '{arch}'; valid: {', '.join(ARCHS[1:])}")
+        if arch not in RESIDUAL:
+            raise ValueError(f"unknown residual arch '{arch}'; valid: {', '.join(RESIDUAL)}")
         if len(set(hidden)) != 1:
             raise ValueError(f"{arch} needs equal widths (the embedding's, then one per block), got {list(hidden)}")
         self.arch, self.members, self.in_dim = arch, members, in_dim
@@ -169,10 +156,15 @@ def make_network(arch: str, members: int, in_dim: int, hidden: Sequence[int], ou
                  activation: str = "relu", layer_norm: bool = False, init: str = "orthogonal",
                  out_gains: float | Sequence[float] = 1.0,
                  generators: Sequence[torch.Generator | None] | None = None) -> BatchedNetwork:
-    """The member-batched network of ``arch`` (:data:`ARCHS`); ``layer_norm`` is the MLP's option
-    (the residual networks always normalize)."""
+    """The member-batched network of ``arch`` (:data:`ARCHS`; ``simbav2``:
+    :class:`~sac_spectral.core.hyperspherical.HypersphericalNet`, whose rows on the sphere make
+    ``out_gains`` moot); ``layer_norm`` is the MLP's option (the others always normalize)."""
     if arch == "mlp":
         return BatchedMLP(members, in_dim, hidden, out_dims, activation, layer_norm, init, out_gains=out_gains,
                           generators=generators)
+    if arch == "simbav2":
+        if layer_norm:
+            raise ValueError("simbav2 normalizes its features onto the unit sphere: layer_norm must be false")
+        return HypersphericalNet(members, in_dim, hidden, out_dims, activation, init, generators)
     return ResidualNet(arch, members, in_dim, hidden, out_dims, activation, init, out_gains=out_gains,
                        generators=generators)

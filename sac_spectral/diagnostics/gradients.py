@@ -26,7 +26,8 @@ eigenvalues are the squared singular values of ``G_m``. Two exact ways to form t
   ``Aᵀ Δ`` (the weight used elsewhere too), raises ``ValueError``. A LayerNorm's gain and shift
   (``y = γ ∘ n(x) + β``, ``n`` the normalized input) factor alike: their per-example gradients are
   ``δ_i ∘ n_i`` and ``δ_i``, so ``K = (Δ ∘ N)(Δ ∘ N)ᵀ + Δ Δᵀ``, and residual LayerNorm networks
-  (BroNet, SimBa) never hold the ``B × P`` per-example gradients in memory.
+  (BroNet, SimBa) never hold the ``B × P`` per-example gradients in memory; a SimbaV2 scaler
+  (``y = x ∘ c·s``) is a gain alone, with per-example gradients ``c·δ_i ∘ x_i``.
 
 - ``"jacobian"``: for losses whose examples interact (batch statistics, which the other two
   would take over a batch of one or attribute wrongly): each example's loss differentiated through
@@ -34,8 +35,9 @@ eigenvalues are the squared singular values of ``G_m``. Two exact ways to form t
   ``B`` backward passes of the batch, chunked alike. Exact for any closure.
 
 ``"auto"`` uses ``factored`` when every selected parameter is the weight or bias of a
-``Linear``/``BatchedLinear`` layer or of a LayerNorm over one feature axis
-(``nn.LayerNorm``/``BatchedLayerNorm``) and the module has no batch-norm layer, else ``func``.
+``Linear``/``BatchedLinear`` layer, of a LayerNorm over one feature axis
+(``nn.LayerNorm``/``BatchedLayerNorm``) or of a SimbaV2 scaler, and the module has no batch-norm
+layer, else ``func``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
+from sac_spectral.core.hyperspherical import BatchedScaler
 from sac_spectral.core.layers import layer_views
 from sac_spectral.core.nets import BatchedLayerNorm, BatchedLinear
 from sac_spectral.core.reinit import member_count, members_view
@@ -205,10 +208,18 @@ def _func_grams(
     return grams
 
 
-def _is_layer_norm(mod: nn.Module) -> bool:
-    """A LayerNorm with a gain and shift over one (the last) feature axis."""
-    return isinstance(mod, BatchedLayerNorm) or (
+def _is_gain(mod: nn.Module) -> bool:
+    """A LayerNorm with a gain and shift over one (the last) feature axis, or a SimbaV2 scaler."""
+    return isinstance(mod, (BatchedLayerNorm, BatchedScaler)) or (
         isinstance(mod, nn.LayerNorm) and mod.elementwise_affine and len(mod.normalized_shape) == 1)
+
+
+def _gain_input(mod: nn.Module, a: Tensor) -> Tensor:
+    """What a gain layer's gain multiplies, from its input ``a``: a LayerNorm's normalized input, a
+    scaler's input times ``init / scale``."""
+    if isinstance(mod, BatchedScaler):
+        return a * (mod.init / mod.scale)
+    return mod.normalized(a) if isinstance(mod, BatchedLayerNorm) else F.layer_norm(a, (a.shape[-1],), eps=mod.eps)
 
 
 def _factorable(module: nn.Module, selected: dict[str, nn.Parameter]) -> bool:
@@ -216,7 +227,7 @@ def _factorable(module: nn.Module, selected: dict[str, nn.Parameter]) -> bool:
         return False
     for name, p in selected.items():
         owner, leaf = _owner(module, name), name.rpartition(".")[2]
-        layer = isinstance(owner, (nn.Linear, BatchedLinear)) or _is_layer_norm(owner)
+        layer = isinstance(owner, (nn.Linear, BatchedLinear)) or _is_gain(owner)
         if not layer or leaf not in ("weight", "bias") or not p.requires_grad:
             return False
     return True
@@ -233,9 +244,8 @@ def _layer_gram(name: str, mod: nn.Module, leaves: set[str], inp: Tensor, d: Ten
     if not checked:
         return k
     a = inp.detach().double()
-    if _is_layer_norm(mod):
-        a = mod.normalized(a) if isinstance(mod, BatchedLayerNorm) else F.layer_norm(a, (a.shape[-1],), eps=mod.eps)
-        a = a.reshape(d.shape[0], -1, a.shape[-1])
+    if _is_gain(mod):
+        a = _gain_input(mod, a).reshape(d.shape[0], -1, a.shape[-1])
         gain = d * a  # the gain's per-example gradients
         recon, weight_gram = gain.sum(1), gain @ gain.transpose(1, 2)
     else:
@@ -314,7 +324,7 @@ def gradient_grams(
     if method == "factored" or (method == "auto" and _factorable(module, selected)):
         if method == "factored" and not _factorable(module, selected):
             raise ValueError("method='factored' needs every selected parameter to be the weight or bias of a "
-                             "Linear/BatchedLinear or LayerNorm layer (and no batch norm); use method='func'")
+                             "Linear/BatchedLinear, LayerNorm or scaler layer (and no batch norm); use method='func'")
         return _factored_grams(module, loss_fn, batch, selected, example_dim)
     return _func_grams(module, loss_fn, batch, selected, example_dim, members, chunk_size, method == "jacobian")
 

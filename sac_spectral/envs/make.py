@@ -84,6 +84,12 @@ def resolve_env_id(env_id: str) -> str:
     return gym_id
 
 
+def reward_bound(env_id: str) -> float | None:
+    """The largest absolute reward of one simulator step, where the id says it: 1 for DMC tasks
+    (rewards in [0, 1]); ``None`` for others (gymnasium declares no reward range)."""
+    return 1.0 if env_id.startswith((DMC_PREFIX, SHIMMY_PREFIX)) else None
+
+
 def make_env(env_id: str, seed: int, action_repeat: int = 1) -> gym.Env:
     """Build a seeded env with flat float32 observations and actions rescaled to [-1, 1]."""
     gym_id = resolve_env_id(env_id)

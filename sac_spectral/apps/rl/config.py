@@ -13,10 +13,13 @@ from typing import Any
 
 from sac_spectral.agents.base import AGENTS, agent_choices, agent_class, reserve_run_keys
 from sac_spectral.agents.config import ActorConfig, CriticConfig, SACConfig
+from sac_spectral.agents.heads import support_bounds
 from sac_spectral.agents.probes import DiagnosticsConfig
+from sac_spectral.agents.reward_scale import REWARD_SCALES, RewardScale, make_reward_scale
 from sac_spectral.core.config import ConfigError, at_least, check, flatten, option, section, to_dict
 from sac_spectral.core.device import check_device
 from sac_spectral.core.precision import BF16_FLAGS, cpu_bf16
+from sac_spectral.envs.make import reward_bound
 from sac_spectral.envs.tasks import MAX_STAGES, Task, TaskError, TaskSequence, parse_tasks
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
@@ -116,6 +119,11 @@ class TrainConfig(SACConfig):
     device: str = option("cpu", "torch device: cpu, cuda, cuda:<i>")
     threads: int = option(0, "torch CPU threads (0 = the cores other processes leave idle, re-chosen every 10 s)")
     progress: bool = option(True, "show a progress bar")
+    reward_scale: str = option("none", f"{' | '.join(REWARD_SCALES)}: simbav2 divides the rewards of every replay "
+                                       "batch by the running scale of the discounted return (SimbaV2); stored, "
+                                       "logged and evaluated returns stay unscaled")
+    reward_scale_g_max: float = option(5.0, "reward_scale=simbav2: the divisor is at least max|G| / this, so scaled "
+                                            "returns stay within ±this (the paper's G_max)")
     tasks: list[dict[str, Any]] = option([], "continual RL: the stages' tasks in order, e.g. [{env: dmc:walker-walk}, "
                                                  "{env: dmc:walker-run, dynamics: {friction: 0.5}, permute_obs: true}] "
                                                  "(docs/continual_rl.md); [] = one task, env")
@@ -133,12 +141,16 @@ class TrainConfig(SACConfig):
     def validate(self) -> None:
         super().validate()
         self._resolve_tasks()
+        self._resolve_support()
         at_least(self, 1, "num_seeds", "total_steps", "batch_size", "buffer_size", "action_repeat", "eval_episodes",
                  "log_every")
         at_least(self, 0, "random_steps", "eval_every", "video_every", "checkpoint_every", "threads")
         check(not self.video_every or (self.eval_every and self.video_every % self.eval_every == 0), "video_every",
               f"must be a multiple of eval_every ({self.eval_every}) or 0, got {self.video_every}")
         check(self.replay_ratio > 0, "replay_ratio", f"must be > 0 (updates per env step), got {self.replay_ratio}")
+        check(self.reward_scale in REWARD_SCALES, "reward_scale",
+              f"'{self.reward_scale}' is not one of {', '.join(REWARD_SCALES)}")
+        check(self.reward_scale_g_max > 0, "reward_scale_g_max", f"must be > 0, got {self.reward_scale_g_max}")
         check(0 <= self.seed and self.seed + self.num_seeds <= MAX_SEED + 1, "seed",
               f"seeds must lie in [0, {MAX_SEED}]; got seed={self.seed} with num_seeds={self.num_seeds}")
         check(self.run_dir is None or bool(self.run_dir.strip()), "run_dir",
@@ -173,6 +185,20 @@ class TrainConfig(SACConfig):
                                   f"{', '.join(owners)}; "
                                   f"this run's agent is {self.agent}")
 
+    def _resolve_support(self) -> None:
+        """A categorical head without ``v_min``/``v_max``: ``±R/(1 − γ)`` with ``R`` the largest reward of
+        an env step over the run's envs (:func:`~sac_spectral.envs.make.reward_bound` × ``action_repeat``)."""
+        c = self.critic
+        if c.head != "categorical" or c.v_min is not None:
+            return
+        envs = [t["env"] for t in self.tasks] or [self.env]
+        bounds = {env: reward_bound(env) for env in envs}
+        unknown = next((env for env, bound in bounds.items() if bound is None), None)
+        check(unknown is None, "critic.v_min", f"the reward range of {unknown} is unknown: give critic.v_min and "
+              "critic.v_max (derived only for DMC tasks, whose rewards lie in [0, 1])")
+        check(self.gamma < 1, "critic.v_min", "gamma = 1 bounds no return: give critic.v_min and critic.v_max")
+        c.v_min, c.v_max = support_bounds(self.action_repeat * max(bounds.values()), self.gamma)
+
     def _resolve_tasks(self) -> None:
         """With ``tasks``: each task's env and name written out, ``env`` the first task's and
         ``total_steps`` the sequence's length."""
@@ -190,6 +216,10 @@ class TrainConfig(SACConfig):
             raise ConfigError(str(err)) from None
         self.tasks = [{**raw, "env": t.env, "name": t.name} for raw, t in zip(self.tasks, tasks)]
         self.env, self.total_steps = tasks[0].env, len(tasks) * self.cycles * self.steps_per_task
+
+    def reward_scaling(self) -> RewardScale | None:
+        """A fresh reward scale of this run's ``reward_scale`` (``None`` for ``none``)."""
+        return make_reward_scale(self.reward_scale, self.num_seeds, self.gamma, self.reward_scale_g_max)
 
     def sequence(self) -> TaskSequence:
         """The run's stages: its ``tasks`` × ``cycles``, or its one env for all ``total_steps``; with
@@ -224,6 +254,10 @@ def run_tag(cfg: TrainConfig) -> str:
     archs = dict.fromkeys(arch for arch in (cfg.critic.arch, cfg.actor.arch) if arch != "mlp")
     if archs:
         tag += "+" + "+".join(archs)
+    if cfg.critic.head != "scalar":
+        tag += f"+{cfg.critic.head}"
+    if cfg.reward_scale != "none":
+        tag += f"+{cfg.reward_scale}_rewards"
     if cfg.priming.updates:
         tag += "+primed"
     return f"{tag}+resets" if cfg.resets.every or cfg.resets.at else tag

@@ -53,7 +53,7 @@ def estimate_cost(cfg: TrainConfig, model: Any) -> tuple[int, float]:
 
     def update_time() -> float:
         agent = build_agent(obs_dim, act_dim, cfg, SeedStreams(list(range(cfg.num_seeds)), cfg.device), cfg.device)
-        buf = ReplayBuffer(4 * cfg.batch_size, obs_dim, act_dim, cfg.num_seeds, cfg.device)
+        buf = ReplayBuffer(4 * cfg.batch_size, obs_dim, act_dim, cfg.num_seeds, cfg.device, cfg.reward_scaling())
         m = cfg.num_seeds
         for _ in range(4 * cfg.batch_size):
             buf.add(torch.randn(m, obs_dim), torch.rand(m, act_dim) * 2 - 1, torch.randn(m), torch.randn(m, obs_dim),

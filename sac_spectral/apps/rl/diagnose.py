@@ -82,7 +82,8 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Agent, ReplayBuffer, int]:
                               f"({type(err).__name__}: {one_line(err, 160)})") from None
     if size == 0:
         raise ConfigError(f"the replay buffer saved in '{run_dir}' is empty; nothing to probe")
-    buffer = ReplayBuffer(size, obs_dim, act_dim, cfg.num_seeds)  # just large enough for the saved transitions
+    # just large enough for the saved transitions; the rewards scaled as the run's last updates saw them
+    buffer = ReplayBuffer(size, obs_dim, act_dim, cfg.num_seeds, reward_scale=cfg.reward_scaling())
     buffer.load_state_dict({**state["buffer"], "capacity": size, "ptr": 0})
     return cfg, agent, buffer, agent.num_updates
 

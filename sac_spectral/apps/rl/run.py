@@ -148,7 +148,8 @@ class RLRun:
         self.warnings += agent_class(cfg.agent).run_warnings(cfg)
         self.agent = build_agent(self.pool.obs_dim, self.pool.act_dim, cfg, self.streams, self.device)
         self.plasticity = PlasticityProbes(self.agent, self.seeds)  # θ₀: before a resume loads its state
-        self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device)
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.pool.obs_dim, self.pool.act_dim, cfg.num_seeds, self.device,
+                                   cfg.reward_scaling())
         self.step = self.primed = self.diagnosed = self.last_reset = 0
         self.switches: list[dict[str, Any]] = []  # per task switch: its step, the stage ended, diagnostics
         self.evals: list[dict[str, Any]] = []

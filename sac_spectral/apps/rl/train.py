@@ -182,7 +182,7 @@ class Trainer(RLRun):
                 raise NonFinite
             with self.simulating(self.sequence.stage_at(self.step)):
                 tr = self.pool.step(actions)
-            self.buffer.add(obs, actions, tr.reward, tr.next_obs, tr.terminated)
+            self.buffer.add(obs, actions, tr.reward, tr.next_obs, tr.terminated, tr.terminated | tr.truncated)
             self.step += 1
             self.logger.episodes(tr.finished, self.step)
             self.learn(run)
