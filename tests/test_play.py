@@ -245,8 +245,10 @@ def _has_ffmpeg() -> bool:
 
 
 def _refused(out: subprocess.CompletedProcess, *fragments: str) -> str:
-    """Exit 2 and nothing on stderr but one ``error: …`` line holding every fragment."""
-    err = out.stderr.strip()
+    """Exit 2 and nothing on stderr but one ``error: …`` line holding every fragment (after the
+    start lines a fresh training run prints before it builds its envs)."""
+    lines = out.stderr.strip().splitlines()
+    err = "\n".join(line for line in lines if not line.startswith(("config: ", "compile: auto")))
     assert out.returncode == 2 and err.startswith("error: ") and "\n" not in err, (out.returncode, out.stderr)
     assert all(f in err for f in fragments), err
     return err
