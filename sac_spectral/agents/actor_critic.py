@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from sac_spectral.agents.engine import Engine, Trained
 from sac_spectral.agents.heads import Head, loss_elements, make_head
+from sac_spectral.agents.networks import actor_groups, reset_temperature, soft_actor_step, temperature
 from sac_spectral.agents.steps import Metrics, Noise
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.optim import make_optimizer
@@ -93,6 +94,8 @@ class ActorCritic(Engine):
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.num_critics = cfg.critic.num_critics
         self.head = make_head(cfg.critic)
+        #: a soft actor's temperature ``log α`` ``[N]`` (:meth:`_soft_temperature`); None without one (TD3)
+        self.log_alpha: nn.Parameter | None = None
 
     @classmethod
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
@@ -125,6 +128,37 @@ class ActorCritic(Engine):
                               lambda b, noise: self.critic_losses(b, noise)[0].flatten(0, 1), self.coupled),
         }, cfg.precision)
 
+    # ----------------------------------------------------------------------------- a soft actor's temperature
+    def _soft_temperature(self, act_dim: int) -> None:
+        """SAC's learned temperature from ``cfg.alpha`` (SAC, REDQ, DroQ, CrossQ): ``log α`` per seed
+        at ``log init`` and the target entropy ``H̄ = −target_entropy_scale·|A|``."""
+        alpha = self.cfg.alpha
+        self.target_entropy = -alpha.target_entropy_scale * act_dim
+        self.log_alpha = temperature(self.num_seeds, alpha.init, alpha.learn)
+
+    def _soft_actor_groups(self) -> list[dict[str, Any]]:
+        """The actor optimizer's parameter groups: the actor's and (where it is learned) ``log α``'s."""
+        return actor_groups(self.actor, self.log_alpha, self.cfg.actor.lr, self.cfg.alpha.lr)
+
+    def _soft_actor_step(self, losses: Tensor, logp: Tensor) -> tuple[Tensor, Metrics]:
+        """The actor and temperature step's loss from the per-example actor losses and ``log π``
+        ``[N, B]`` (:func:`~sac_spectral.agents.networks.soft_actor_step`)."""
+        return soft_actor_step(losses, logp, self.log_alpha, self.target_entropy, self.cfg.alpha.learn)
+
+    def reset(self, last: int | None = None) -> None:
+        """The engine's reset; a full one also resets ``log α`` (where the agent has one) and its Adam
+        state."""
+        if last is None and self.log_alpha is not None:
+            reset_temperature(self.log_alpha, self.trained["actor"].optimizer, self.cfg.alpha.init)
+        super().reset(last)
+
+    def metrics(self) -> Metrics:
+        """Per-seed ``[N]`` temperature (where the agent has one) and regularizer metrics (the state,
+        not the last update: :meth:`update` returns those)."""
+        alpha = {} if self.log_alpha is None else {"alpha": self.log_alpha.detach().exp()}
+        return {**alpha, **super().metrics()}
+
+    # ----------------------------------------------------------------------------- critic inputs and values
     def critic_inputs(self, obs: Tensor, action: Tensor) -> Tensor:
         """The critic's input ``[N·C, B, ·]`` for each seed's ``(obs, action)``."""
         n, b = obs.shape[:2]

@@ -35,15 +35,11 @@ from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, head_t
 from sac_spectral.agents.base import actor_dims, register_agent
 from sac_spectral.agents.heads import head_width
 from sac_spectral.agents.networks import (
-    actor_groups,
     actor_mean_log_std,
     make_actor,
     make_critic,
-    reset_temperature,
-    soft_actor_step,
     tanh_gaussian,
     tanh_gaussian_actions,
-    temperature,
 )
 from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
 from sac_spectral.core.config import at_least, check, option
@@ -79,12 +75,11 @@ class REDQ(ActorCritic):
                  device: str | torch.device = "cpu") -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim), "subset": (self.num_critics,)}
-        self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
         nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
         self.actor, self.critic, self.target_critic = nets["actor"], nets["critic"], nets["target_critic"]
-        self.log_alpha = temperature(self.num_seeds, cfg.alpha.init, cfg.alpha.learn)
+        self._soft_temperature(act_dim)
         self.to(device)
-        self._train_actor_critic(actor_groups(self.actor, self.log_alpha, cfg.actor.lr, cfg.alpha.lr))
+        self._train_actor_critic(self._soft_actor_groups())
         self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
         self._polyak = self.polyak("critic")
         zeros = torch.zeros(self.num_seeds, device=device)
@@ -160,15 +155,4 @@ class REDQ(ActorCritic):
     def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
         """Actor loss ``mean_i ℓ_{n,i}`` of :meth:`actor_losses` plus the temperature loss, as SAC's."""
         losses, logp = self.actor_losses(batch, noise)
-        return soft_actor_step(losses, logp, self.log_alpha, self.target_entropy, self.cfg.alpha.learn)
-
-    # ----------------------------------------------------------------------------- resets and metrics
-    def reset(self, last: int | None = None) -> None:
-        """The engine's reset; a full one also resets α and its Adam state."""
-        if last is None:
-            reset_temperature(self.log_alpha, self.trained["actor"].optimizer, self.cfg.alpha.init)
-        super().reset(last)
-
-    def metrics(self) -> Metrics:
-        """Per-seed ``[N]`` temperature and regularizer metrics."""
-        return {"alpha": self.log_alpha.detach().exp(), **super().metrics()}
+        return self._soft_actor_step(losses, logp)
