@@ -123,9 +123,10 @@ class SACConfig:
         "graphs on GPU); auto: compile on a CPU with a C++ compiler where the run's updates repay the compile, else "
         "eager (the run says which and why, and its config.yaml records the choice)")
     compile_products: str = option("onednn",
-                                   "with compile=true on a CPU: the programs' matrix products as oneDNN batched "
-                                   "matmuls (onednn: about twice MKL's speed on AMD CPUs) or as ATen's bmm (aten: MKL "
-                                   "on x86)")
+                                   "on a CPU, the update's fp32 matrix products: onednn: oneDNN batched matmuls in "
+                                   "compiled programs (about twice MKL's speed on AMD CPUs with full-width AVX-512), "
+                                   "and in eager updates where this machine's build of the C++ kernels measured them "
+                                   "faster; aten: ATen's bmm (MKL on x86) in both")
     compile_block: int = option(1,
                                 "with compile=true: run the updates of one train_steps call (an env step's "
                                 "replay_ratio updates, heavy priming's) this many per program call (one program of "

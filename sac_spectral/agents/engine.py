@@ -53,7 +53,7 @@ from sac_spectral.agents.steps import (
     intervenes,
     split_draws,
 )
-from sac_spectral.core.nets import BatchedNetwork
+from sac_spectral.core.nets import BatchedLinear, BatchedNetwork
 from sac_spectral.core.precision import make_precision
 from sac_spectral.core.reinit import forget, reset_layers
 from sac_spectral.core.seeding import SeedStreams
@@ -88,6 +88,7 @@ class Eager:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        eager_products(engine)
 
     def segments(self, steps: Sequence[NetStep]) -> list[Segment]:
         return [Segment((step,)) for step in steps]
@@ -108,6 +109,21 @@ class Eager:
         penalized_step(loss, trained.optimizer, trained.regularizers, optimizer_step)
         engine.precision.refresh(step.net)
         return metrics
+
+
+def eager_products(engine: Engine) -> None:
+    """Give the engine's layers oneDNN's products (:func:`~sac_spectral.core.onednn.eager_bmm`, used for
+    their fp32 CPU products) where ``compile_products`` is ``onednn`` (the default; ``aten`` keeps
+    ATen's) and this machine's build of the C++ kernels measured them faster
+    (:func:`~sac_spectral.core.onednn.eager_onednn`)."""
+    if getattr(engine.cfg, "compile_products", "onednn") != "onednn" or not all(p.is_cpu for p in engine.parameters()):
+        return
+    from sac_spectral.core import onednn  # the compiler stack, which torch.optim has imported already
+
+    if onednn.eager_onednn():
+        for layer in engine.modules():
+            if isinstance(layer, BatchedLinear):
+                layer.products = onednn.eager_bmm
 
 
 def row_major(t: Tensor) -> Tensor:

@@ -159,12 +159,15 @@ def load_from(directory: Path, timeout_s: float = LOCK_TIMEOUT_S) -> str | None:
 
 
 @functools.cache
-def load() -> str | None:
+def load(build: bool = True) -> str | None:
     """Load the kernels of this machine's build (:func:`build_directory`), building them the first
     time (1–2 min; torch's C++ extension builder, with the C++ compiler a compiled update needs
-    anyway): ``None``, or why they are unavailable here, in one line."""
+    anyway), or with ``build=False`` only if a good build is there: ``None``, or why they are
+    unavailable here, in one line."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     from sac_spectral.core import onednn, optim  # noqa: F401  (the schemas the kernels implement)
 
+    if not build:
+        return None if _loads(build_directory()) else f"no finished build in {build_directory()}"
     return load_from(build_directory())

@@ -73,10 +73,13 @@ class BatchedLinear(nn.Module):
     ``g[m]ᵀ · x[m]`` then comes out in the weight's own layout, where ``x · weightᵀ`` gives it
     transposed and autograd copies it into place (about 6 % of a plain SAC update on 2 threads).
     Elementwise ops keep the layout, and the next layer reads it without a copy; flatten an output
-    with ``reshape`` (``view`` needs the row-major layout).
+    with ``reshape`` (``view`` needs the row-major layout). ``products``: a differentiable ``torch.bmm`` that
+    the forward multiplies with instead, the bias added after it, where it returns a product (else
+    ``baddbmm``): :func:`sac_spectral.core.onednn.eager_bmm`, set by the update engine where it is faster.
     """
 
     low: tuple[Tensor, Tensor | None, Any] | None = None
+    products: Callable[[Tensor, Tensor], Tensor | None] | None = None
 
     def __init__(
         self,
@@ -135,6 +138,8 @@ class BatchedLinear(nn.Module):
             y = torch.bmm(x, w.transpose(1, 2))
             return y if b is None else y + b.unsqueeze(1)
         xt = x.transpose(1, 2)
+        if self.products is not None and (y := self.products(w, xt)) is not None:
+            return (y if b is None else y + b.unsqueeze(2)).transpose(1, 2)
         return (torch.bmm(w, xt) if b is None else torch.baddbmm(b.unsqueeze(2), w, xt)).transpose(1, 2)
 
     def extra_repr(self) -> str:
