@@ -264,7 +264,10 @@ TINY = ["env=dmc:cartpole-balance", "random_steps=50", "eval_every=50", "eval_ep
                                              ("redq", ["critic.head=quantile", "critic.drop_top=2",
                                                        "critic.num_critics=3", "redq.policy_delay=2"])])
 def test_a_short_run_with_a_head_resumes_to_the_straight_run(tmp_path, agent, head):
+    """Stopped and resumed, the run ends as the straight one; its policy loads and replays the recorded
+    last evaluation, and ``diagnose --q-scale`` reads the head's expectations."""
     from sac_spectral.apps.rl.diagnose import main as diagnose
+    from sac_spectral.apps.rl.policy import load_policy, play_episodes
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     args = TINY + [f"agent={agent}", *head]
@@ -277,6 +280,9 @@ def test_a_short_run_with_a_head_resumes_to_the_straight_run(tmp_path, agent, he
     assert ours and [k for k, v in ours.items() if not torch.equal(v, theirs[k])] == []
     assert run_cli(diagnose, [str(straight), "--q-scale", "1", "--json", str(tmp_path / "d.json")]) == 0
     assert "q_scale" in (tmp_path / "d.json").read_text()
+    policy = load_policy(straight)
+    returns = play_episodes(policy, policy.recorded.reset_seeds(policy.seed))
+    assert sum(returns) / len(returns) == policy.recorded.mean_return
 
 
 def _tensors(state, path=""):
