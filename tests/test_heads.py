@@ -306,3 +306,16 @@ def test_every_actor_critic_agent_takes_every_head():
             out = agent.critic_outputs(agent.critic, torch.randn(1, 4, OBS), torch.rand(1, 4, ACT))
             assert out.shape[-1] == agent.head.width and agent.q_values(agent.critic, torch.randn(1, 4, OBS),
                                                                          torch.rand(1, 4, ACT)).shape == (1, C, 4)
+
+
+def test_a_spectral_penalty_on_a_categorical_heads_logits_is_warned_about():
+    """The default critic regularizer (spectral on every layer) with a categorical head is told at the
+    start; on hidden layers only, with a scalar or quantile head, or without it, nothing is said."""
+    def warnings(head: str, regularizers: list[dict]) -> list[str]:
+        cfg = from_dict(TrainConfig, {"critic": {"head": head, "regularizers": regularizers}})
+        return [w for w in SAC.run_warnings(cfg) if "categorical head" in w]
+
+    spectral = {"name": "spectral", "coef": 1e-4}
+    assert len(warnings("categorical", [spectral])) == 1
+    assert warnings("categorical", [{**spectral, "layers": "hidden"}]) == []
+    assert warnings("categorical", []) == warnings("quantile", [spectral]) == warnings("scalar", [spectral]) == []

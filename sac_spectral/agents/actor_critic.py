@@ -189,8 +189,9 @@ class ActorCritic(Engine):
 
     @classmethod
     def run_warnings(cls, cfg: Any) -> list[str]:
-        """What a run of ``cfg`` would silently never do in its ``cfg.total_updates`` updates: an
-        actor whose delay exceeds them, an intervention whose ``at_step`` lies beyond them."""
+        """What a run of ``cfg`` would silently never do in its ``cfg.total_updates`` updates (an actor
+        whose delay exceeds them, an intervention whose ``at_step`` lies beyond them), and a spectral
+        penalty on a categorical head's logits (which failed to learn the quick task: docs/agents.md)."""
         updates, out = cfg.total_updates, []
         if cls.actor_delay is not None:
             section, key = cls.actor_delay.split(".")
@@ -203,6 +204,11 @@ class ActorCritic(Engine):
                 if updates and at is not None and at > updates:
                     out.append(f"{net}.regularizers[{i}] ({spec['name']}): at_step={at} lies beyond the run's "
                                f"{updates} updates: it never acts")
+        if cfg.critic.head == "categorical" and any(spec["name"] == "spectral" and spec.get("layers", "all") == "all"
+                                                    for spec in cfg.critic.regularizers):
+            out.append("critic.regularizers: spectral holds the categorical head's output layer (its logits) near "
+                       "σ_max 1; on the quick task that failed to learn (docs/agents.md): consider layers: hidden "
+                       "or no critic regularizer")
         return out
 
     @classmethod
