@@ -1,4 +1,5 @@
-"""Shared fixtures: small configs, a toy env with true terminations, CPU determinism."""
+"""Shared fixtures: small configs, a toy env with true terminations, CPU determinism, and helpers of
+the agents' tests (named noise, reference batches, a checkpoint's tensors)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,17 @@ def reference_batch(b: int, obs: int, act: int) -> dict:
     agent's update against a reference written from its paper (a fifth of them terminal)."""
     return {"obs": torch.randn(1, b, obs), "action": torch.rand(1, b, act) * 2 - 1, "reward": torch.randn(1, b),
             "next_obs": torch.randn(1, b, obs), "terminated": (torch.rand(1, b) < 0.2).float()}
+
+
+def state_tensors(state, path: str = ""):
+    """``(path, tensor)`` of every tensor in a checkpoint's nested dicts and lists, less its wall time
+    and evaluations (a run stopped and resumed also evaluated where it stopped)."""
+    if isinstance(state, torch.Tensor):
+        yield path, state
+    elif isinstance(state, dict):
+        for k, v in state.items():
+            if k not in ("wall_time", "evals"):
+                yield from state_tensors(v, f"{path}.{k}")
+    elif isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            yield from state_tensors(v, f"{path}[{i}]")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import named_noise, reference_batch
+from conftest import named_noise, reference_batch, state_tensors
 from sac_spectral.agents import AGENTS, DroQ, ReplayBuffer
 from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.train import main
@@ -208,21 +208,9 @@ def test_a_short_run_resumes_to_the_straight_run_bit_for_bit(tmp_path):
     assert run_cli(main, ["--resume", str(split), "total_steps=160"]) == 0
     a, b = load_checkpoint(straight / CHECKPOINT), load_checkpoint(split / CHECKPOINT)
     assert a["step"] == b["step"] == 160
-    ours, theirs = dict(_tensors(a)), dict(_tensors(b))
+    ours, theirs = dict(state_tensors(a)), dict(state_tensors(b))
     assert ours and ours.keys() == theirs.keys()
     assert [k for k, v in ours.items() if not torch.equal(v, theirs[k])] == []
-
-
-def _tensors(state, path=""):
-    if isinstance(state, torch.Tensor):
-        yield path, state
-    elif isinstance(state, dict):
-        for k, v in state.items():
-            if k not in ("wall_time", "evals"):  # the first half also evaluated at its end
-                yield from _tensors(v, f"{path}.{k}")
-    elif isinstance(state, (list, tuple)):
-        for i, v in enumerate(state):
-            yield from _tensors(v, f"{path}[{i}]")
 
 
 @pytest.mark.parametrize("dropout", [-0.1, 1.0])

@@ -1,8 +1,9 @@
 """Distributional critic heads against references written from their papers' equations: SAC with a
 categorical head (C51's projection, Bellemare et al. 2017, Algorithm 1; HL-Gauss, Farebrother et al.
 2024) and with a quantile head (QR-DQN's quantile Huber loss, Dabney et al. 2018; TQC's truncated
-pooled target, Kuznetsov et al. 2020) gives the reference's networks after three updates; the
-options are checked in one line; a short run with each head resumes and is diagnosed."""
+pooled target, Kuznetsov et al. 2020) gives the reference's networks after three updates, on batches
+of 16, 2 and 1 and with fewer quantiles than critics; the options are checked in one line; a short
+run with each head resumes and is diagnosed."""
 
 import math
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import named_noise, reference_batch
+from conftest import named_noise, reference_batch, state_tensors
 from sac_spectral.agents import AGENTS, SAC
 from sac_spectral.agents.heads import CategoricalHead
 from sac_spectral.apps.rl.config import TrainConfig, run_tag
@@ -29,6 +30,9 @@ HEADS = {
                  "sigma": 0.75},
     "quantile": {"head": "quantile", "num_quantiles": 5},
     "tqc": {"head": "quantile", "num_quantiles": 5, "drop_top": 2},
+    # fewer quantiles than critics: TQC's largest truncation, and a single quantile (no truncation)
+    "tqc_2_of_5": {"head": "quantile", "num_quantiles": 2, "drop_top": 1, "num_critics": 5},
+    "one_quantile": {"head": "quantile", "num_quantiles": 1, "num_critics": 3},
 }
 
 
@@ -85,12 +89,13 @@ def _quantile_huber(theta, y):
 
 
 class Reference:
-    """SAC for one seed with a distributional critic head: actor, two critics and their targets, α."""
+    """SAC for one seed with a distributional critic head: actor, ``num_critics`` critics and their
+    targets, α."""
 
     def __init__(self, agent: SAC, cfg: TrainConfig) -> None:
         self.cfg, c = cfg, cfg.critic
         self.actor = _params(agent.actor, 0, (0, 1))
-        self.critics = [_params(agent.critic, j, (0,)) for j in range(C)]
+        self.critics = [_params(agent.critic, j, (0,)) for j in range(c.num_critics)]
         self.targets = [[(w.detach().clone(), b.detach().clone()) for w, b in c] for c in self.critics]
         self.log_alpha = torch.tensor(math.log(cfg.alpha.init), requires_grad=True)
         flat = lambda ps: [t for wb in ps for t in wb]  # noqa: E731
@@ -130,14 +135,14 @@ class Reference:
             def shift(atoms):
                 return r[:, None] + self.cfg.gamma * (1 - d[:, None]) * (atoms - alpha * logp2[:, None])
 
-            if self.z is not None:  # the distribution of the critic of smaller expectation
-                p1, p2 = outs[0].softmax(-1), outs[1].softmax(-1)
-                p = torch.where(((p1 * self.z).sum(-1) <= (p2 * self.z).sum(-1))[:, None], p1, p2)
-                y = shift(self.z.expand(B, -1))
+            if self.z is not None:  # the distribution of the critic of smallest expectation
+                probs = torch.stack(outs).softmax(-1)  # [C, B, K]
+                p = probs[(probs * self.z).sum(-1).argmin(0), torch.arange(len(s))]
+                y = shift(self.z.expand(len(s), -1))
                 m = _two_hot(y, p, self.z) if c.projection == "two_hot" else _hl_gauss(y, p, self.z, c.sigma)
             else:  # TQC: pool, sort, drop the top d·N
                 pooled = torch.cat(outs, -1).sort(-1).values
-                y = shift(pooled[:, : pooled.shape[-1] - c.drop_top * C])
+                y = shift(pooled[:, : pooled.shape[-1] - c.drop_top * len(outs)])
         losses = []
         for critic in self.critics:
             o = self.out(critic, s, a)
@@ -168,27 +173,28 @@ class Reference:
 
 
 @pytest.mark.usefixtures("float64")
+@pytest.mark.parametrize("batch_size", [B, 2, 1])
 @pytest.mark.parametrize("head", list(HEADS))
-def test_update_equals_the_papers_equations_after_three_updates(head):
+def test_update_equals_the_papers_equations_after_three_updates(head, batch_size):
     torch.manual_seed(0)
     cfg = _config(HEADS[head])
     agent = SAC(OBS, ACT, cfg, SeedStreams([3]))
     ref = Reference(agent, cfg)
     for _ in range(3):
-        batch = reference_batch(B, OBS, ACT)
+        batch = reference_batch(batch_size, OBS, ACT)
         batch["reward"] = 3 * batch["reward"]  # some targets beyond the categorical support: clipped
-        noise = torch.randn(2, 1, B, ACT)
+        noise = torch.randn(2, 1, batch_size, ACT)
         agent.update(batch, named_noise(agent, noise))
         ref.update(*(batch[k][0] for k in ("obs", "action", "reward", "next_obs", "terminated")), noise[:, 0])
     pairs = [(_params(agent.actor, 0, (0, 1)), ref.actor)]
-    pairs += [(_params(agent.critic, j, (0,)), ref.critics[j]) for j in range(C)]
-    pairs += [(_params(agent.target_critic, j, (0,)), ref.targets[j]) for j in range(C)]
+    pairs += [(_params(agent.critic, j, (0,)), ref.critics[j]) for j in range(agent.num_critics)]
+    pairs += [(_params(agent.target_critic, j, (0,)), ref.targets[j]) for j in range(agent.num_critics)]
     layers = [(ow, tw) for ours, theirs in pairs for ow, tw in zip(ours, theirs, strict=True)]
     worst = max((o - t).abs().max().item() for ow, tw in layers for o, t in zip(ow, tw, strict=True))
     worst = max(worst, abs(agent.log_alpha.item() - ref.log_alpha.item()))
-    print(f"{head}: largest difference from the reference: {worst:.2e}")
+    print(f"{head}, batch {batch_size}: largest difference from the reference: {worst:.2e}")
     assert worst < 1e-6, worst
-    assert agent.critic.heads[0].weight.shape[1] == (11 if head in ("two_hot", "hl_gauss") else 5)
+    assert agent.critic.heads[0].weight.shape[1] == HEADS[head].get("num_atoms", HEADS[head].get("num_quantiles"))
 
 
 @pytest.mark.usefixtures("float64")
@@ -276,25 +282,13 @@ def test_a_short_run_with_a_head_resumes_to_the_straight_run(tmp_path, agent, he
     assert run_cli(main, ["--resume", str(split), "total_steps=120"]) == 0
     a, b = load_checkpoint(straight / CHECKPOINT), load_checkpoint(split / CHECKPOINT)
     assert a["step"] == b["step"] == 120
-    ours, theirs = dict(_tensors(a)), dict(_tensors(b))
+    ours, theirs = dict(state_tensors(a)), dict(state_tensors(b))
     assert ours and [k for k, v in ours.items() if not torch.equal(v, theirs[k])] == []
     assert run_cli(diagnose, [str(straight), "--q-scale", "1", "--json", str(tmp_path / "d.json")]) == 0
     assert "q_scale" in (tmp_path / "d.json").read_text()
     policy = load_policy(straight)
     returns = play_episodes(policy, policy.recorded.reset_seeds(policy.seed))
     assert sum(returns) / len(returns) == policy.recorded.mean_return
-
-
-def _tensors(state, path=""):
-    if isinstance(state, torch.Tensor):
-        yield path, state
-    elif isinstance(state, dict):
-        for k, v in state.items():
-            if k not in ("wall_time", "evals"):  # the first half also evaluated at its end
-                yield from _tensors(v, f"{path}.{k}")
-    elif isinstance(state, (list, tuple)):
-        for i, v in enumerate(state):
-            yield from _tensors(v, f"{path}[{i}]")
 
 
 def test_every_actor_critic_agent_takes_every_head():

@@ -11,7 +11,9 @@ and the per-example loss, for every actor-critic agent (``critic.head``).
   ``projection``: ``two_hot`` (C51: ``φ_i(y) = max(0, 1 − |y − z_i|/Δ)``, each atom's mass split
   between its two neighbours) or ``hl_gauss`` (Farebrother et al. 2024: ``φ_i(y)`` the mass of
   ``𝒩(y, (σΔ)²)`` in bin ``[z_i − Δ/2, z_i + Δ/2]`` over its mass in ``[v_min − Δ/2, v_max + Δ/2]``,
-  ``σ = sigma`` in bin widths). Loss: the cross-entropy ``−Σ_i m_i log softmax(ℓ)_i``.
+  ``σ = sigma`` in bin widths), both computed in bin units ``b = (y − v_min)/Δ`` (``|y − z_i|/Δ =
+  |b − i|``), so that each atom's two-hot masses sum to 1 to a float32 rounding on any support.
+  Loss: the cross-entropy ``−Σ_i m_i log softmax(ℓ)_i``.
 - ``quantile`` (QR-DQN, Dabney et al. 2018; TQC, Kuznetsov et al. 2020): ``K = num_quantiles``
   outputs ``θ_i`` at ``τ_i = (2i + 1)/(2K)``; ``Q = mean_i θ_i``. Target (TQC): the next-state
   quantiles of the ``C′`` critics the agent's target reads are pooled (``C′K`` atoms), sorted, the
@@ -21,6 +23,8 @@ and the per-example loss, for every actor-critic agent (``critic.head``).
 
 A head sees the critics' raw outputs ``[N, C, B, *shape]`` and gives expectations ``[N, C, B]`` (the
 actor's, the logs' and the diagnostics' Q-values), the target and the per-example losses ``[N, C, B]``.
+It computes in float32 whatever the outputs' precision (``precision=bf16``: a bf16 layer's output),
+as autocast computes softmax, its logarithm and losses.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from sac_spectral.core.precision import full
 
 HEADS = ("scalar", "categorical", "quantile")
 PROJECTIONS = ("two_hot", "hl_gauss")
@@ -57,17 +63,17 @@ class ScalarHead:
     shape: tuple[int, ...] = ()
 
     def expectation(self, out: Tensor) -> Tensor:
-        return out
+        return full(out)
 
     def next_value(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
         """The minimum over the critics ``[N, C, B]`` → ``[N, B]`` (no weights)."""
-        return out.amin(dim=1), None
+        return full(out).amin(dim=1), None
 
     def target(self, values: Tensor, weights: Tensor | None) -> Tensor:
         return values
 
     def losses(self, out: Tensor, target: Tensor) -> Tensor:
-        return (out - target.unsqueeze(1)).square()
+        return (full(out) - target.unsqueeze(1)).square()
 
 
 class CategoricalHead:
@@ -83,11 +89,13 @@ class CategoricalHead:
         return torch.linspace(self.v_min, self.v_max, self.width, device=like.device, dtype=like.dtype)
 
     def expectation(self, out: Tensor) -> Tensor:
+        out = full(out)
         return (out.softmax(dim=-1) * self.support(out)).sum(dim=-1)
 
     def next_value(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
         """The support (``[N, B, K]``) and the distribution ``[N, B, K]`` of the critic with the smallest
         expectation, per example."""
+        out = full(out)
         probs = out.softmax(dim=-1)
         low = (probs * self.support(out)).sum(dim=-1).argmin(dim=1, keepdim=True)
         picked = probs.gather(1, low.unsqueeze(-1).expand(-1, -1, -1, self.width)).squeeze(1)
@@ -96,19 +104,18 @@ class CategoricalHead:
     def target(self, values: Tensor, weights: Tensor | None) -> Tensor:
         """The target distribution ``[N, B, K]``: atoms ``values [N, B, K]`` of mass ``weights``
         projected onto the support."""
-        y = values.clamp(self.v_min, self.v_max).unsqueeze(-1)
-        z = self.support(values)
+        values, weights = full(values), full(weights)
+        b = ((values - self.v_min) / self.delta).clamp(0, self.width - 1).unsqueeze(-1)  # y clipped, in bins
+        i = torch.arange(self.width, device=values.device, dtype=values.dtype)
         if self.projection == "two_hot":
-            phi = (1 - (y - z).abs() / self.delta).clamp(min=0)
+            phi = (1 - (b - i).abs()).clamp(min=0)
         else:
-            s = self.sigma * self.delta * math.sqrt(2)
-            edges = torch.cat([z - self.delta / 2, z[-1:] + self.delta / 2])
-            cdf = torch.erf((edges - y) / s)
+            cdf = torch.erf((torch.cat([i, i[-1:] + 1]) - 0.5 - b) / (self.sigma * math.sqrt(2)))
             phi = (cdf[..., 1:] - cdf[..., :-1]) / (cdf[..., -1:] - cdf[..., :1])
         return (weights.unsqueeze(-1) * phi).sum(dim=-2)
 
     def losses(self, out: Tensor, target: Tensor) -> Tensor:
-        return -(target.unsqueeze(1) * out.log_softmax(dim=-1)).sum(dim=-1)
+        return -(target.unsqueeze(1) * full(out).log_softmax(dim=-1)).sum(dim=-1)
 
 
 class QuantileHead:
@@ -118,7 +125,7 @@ class QuantileHead:
         self.width, self.shape, self.drop_top = num_quantiles, (num_quantiles,), drop_top
 
     def expectation(self, out: Tensor) -> Tensor:
-        return out.mean(dim=-1)
+        return full(out).mean(dim=-1)
 
     def target(self, values: Tensor, weights: Tensor | None) -> Tensor:
         return values
@@ -126,10 +133,11 @@ class QuantileHead:
     def next_value(self, out: Tensor) -> tuple[Tensor, Tensor | None]:
         """The ``[N, C′, B, K]`` quantiles pooled per example, sorted, the top ``drop_top·C′`` dropped."""
         n, c, b, k = out.shape
-        pooled = out.transpose(1, 2).reshape(n, b, c * k).sort(dim=-1).values
+        pooled = full(out).transpose(1, 2).reshape(n, b, c * k).sort(dim=-1).values
         return pooled[..., : c * (k - self.drop_top)], None
 
     def losses(self, out: Tensor, target: Tensor) -> Tensor:
+        out = full(out)
         tau = (torch.arange(self.width, device=out.device, dtype=out.dtype) + 0.5) / self.width
         u = target[:, None, :, None, :] - out.unsqueeze(-1)  # [N, C, B, K, J]
         huber = F.huber_loss(u, torch.zeros_like(u), reduction="none", delta=1.0)

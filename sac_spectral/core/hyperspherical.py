@@ -23,6 +23,10 @@ and the forward multiplies it by ``init / scale``, so the scaler is ``init`` at 
 moves it ``init / scale`` times its learning rate per step. Feature scalers over ``d`` features
 have ``init = scale = √(2/d)``; the blocks' α has ``init = 1/(L + 1)``, ``scale = 1/√W``.
 
+Under ``precision=bf16`` the matrix products run in bf16 and every normalization in float32
+(:func:`l2_normalize` of a bf16 product), so the stream, the LERP's interpolation and the features
+lie on the sphere to a float32 rounding, as under autocast, whose norms compute in float32.
+
 Our choices: the critic's running statistics cover its whole input (observation and action, as
 SimBa's here; the paper's code standardizes the observation only); targets follow by Polyak
 averaging and are not projected (as the paper's code).
@@ -37,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from sac_spectral.core.nets import ACTIVATIONS, BatchedLinear, BatchedNetwork, RunningNorm
+from sac_spectral.core.precision import full
 from sac_spectral.core.reinit import per_member
 
 #: the constant coordinate appended to the standardized input before its normalization
@@ -48,7 +53,8 @@ EPS = 1e-8
 
 
 def l2_normalize(x: Tensor) -> Tensor:
-    """``x / max(‖x‖₂, ε)`` over the last axis."""
+    """``x / max(‖x‖₂, ε)`` over the last axis, in float32 where ``x`` is a bf16 product."""
+    x = full(x)
     return x / x.norm(dim=-1, keepdim=True).clamp_min(EPS)
 
 
