@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from sac_spectral.apps.rl.config import TrainConfig
@@ -134,6 +135,22 @@ def test_a_cleared_buffer_warms_each_stage_up_as_the_run_began(tmp_path):
         trained = [r["return"] for r in rows if r["stage"] == stage and not r["warmup"]]
         assert task["best_per_stage"][str(stage)] == [max(trained)]
     assert summary["best_eval_return"] == max(r["return"] for r in rows if not r["warmup"])
+
+
+@pytest.mark.parametrize("buffer", ["keep", "clear"])
+def test_simbav2s_reward_scale_restarts_its_return_at_each_switch(tmp_path, buffer):
+    """The switch cuts the episodes (cartpole's last 125 steps at action repeat 8; a stage has 7): the
+    running return at the end sums the last stage's rewards only (with the earlier stages' it would
+    hold 0.99^7 of theirs); its statistics go on with a kept buffer (21 returns) and restart with a
+    cleared one (7)."""
+    rd = tmp_path / "run"
+    assert run(TINY + [SEQUENCE, "steps_per_task=7", "eval_every=0", "reward_scale=simbav2",
+                       f"on_switch.buffer={buffer}", f"run_dir={rd}"]) == 0
+    state = load_checkpoint(rd / CHECKPOINT)["buffer"]
+    rewards = state["data"]["reward"][:, -7:].double()
+    discounted = (rewards * 0.99 ** torch.arange(6, -1, -1, dtype=torch.float64)).sum(dim=1)
+    torch.testing.assert_close(state["reward_scale"]["G"], discounted, rtol=1e-6, atol=0)
+    assert state["reward_scale"]["count"] == (21 if buffer == "keep" else 7)
 
 
 @pytest.mark.parametrize("ratio", [0.3, 1.0, 2.0])

@@ -9,7 +9,8 @@ indices from its own generator. Transitions hold ``obs``, ``action``, ``reward``
 ``torch._dynamo``, seconds of start-up that the training loop does not need).
 With a :class:`~sac_spectral.agents.reward_scale.RewardScale`, ``add`` folds each step's rewards and
 episode ends into its statistics and ``gather`` divides the rewards it returns by the current scale;
-the stored rewards stay as the env gave them.
+the stored rewards stay as the env gave them. ``clear`` restarts those statistics with the data and
+``end_episodes`` ends the episodes they follow (a task switch).
 """
 
 from __future__ import annotations
@@ -60,8 +61,17 @@ class ReplayBuffer:
         return self.size
 
     def clear(self) -> None:
-        """Forget every transition (a task switch with ``on_switch.buffer=clear``)."""
+        """Forget every transition (a task switch with ``on_switch.buffer=clear``), and the reward
+        scale's statistics of them."""
         self.ptr = self.size = 0
+        if self.reward_scale is not None:
+            self.reward_scale.restart()
+
+    def end_episodes(self) -> None:
+        """The episodes under way end without a transition saying so (a task switch): the reward
+        scale's running return restarts."""
+        if self.reward_scale is not None:
+            self.reward_scale.end_episodes()
 
     def add(
         self,

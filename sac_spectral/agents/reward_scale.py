@@ -18,6 +18,14 @@ is drawn: the scaled returns keep about unit variance and, with the second term,
 categorical critic). The buffer stores the rewards as the env gave them, so episode and
 evaluation returns stay unscaled; the statistics are part of the buffer's state, checkpointed and
 resumed with it.
+
+In a continual run a task switch cuts the episodes under way, untold to the envs' flags: ``G``
+restarts there (:meth:`RewardScale.end_episodes`), so no return sums two tasks' rewards. The
+variance and ``G^max`` describe the returns of the data the buffer hands out, which they divide:
+with ``on_switch.buffer: keep`` that data holds the earlier tasks' transitions, so they go on (a
+restart would size the divisor from a few new returns and push the kept ones beyond ``±G_max``);
+a buffer cleared at a switch restarts them with it (:meth:`RewardScale.restart`), as at the start
+of a run. A reset of the networks leaves the data, and so the statistics, as they are.
 """
 
 from __future__ import annotations
@@ -57,6 +65,15 @@ class RewardScale:
         s["m2"] += delta * (g - s["mean"])
         s["count"], s["G"] = count, g
         s["g_abs_max"] = torch.maximum(s["g_abs_max"], g.abs())
+
+    def end_episodes(self) -> None:
+        """Every seed's episode ends here, untold (a task switch): the running return restarts at 0."""
+        self.state["G"].zero_()
+
+    def restart(self) -> None:
+        """Forget every statistic (the buffer's data was cleared), as at the start of a run."""
+        for value in self.state.values():
+            value.zero_()
 
     def divisor(self) -> Tensor:
         """Each seed's ``max(√(σ² + ε), G^max / G_max)`` ``[N]`` (float64)."""

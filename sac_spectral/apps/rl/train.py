@@ -272,6 +272,7 @@ class Trainer(RLRun):
         if self.cfg.diagnostics.every:
             record["diagnostics"] = self.diagnose("switch/")
         self.switches.append(record)
+        self.buffer.end_episodes()  # the pool starts new ones below
         if sw.buffer == "clear":
             self.buffer.clear()
         layers = sw.layers()
