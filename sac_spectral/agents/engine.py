@@ -9,12 +9,14 @@ from each seed's ``sample`` stream).
 :class:`Engine` runs every update, for every agent, as
 
     loss → penalties → gradient → optimizer step → the network's projection → the network's
-    interventions (``after_step``) → the step's ``after()`` → count,
+    interventions (``after_step``), then its projection again → the step's ``after()`` → count,
 
 step by step. The projection is the network's own constraint
 (:meth:`~sac_spectral.core.nets.BatchedNetwork.project`: SimbaV2's weights back onto the unit
-sphere; nothing for the others), part of the optimizer step in both backends, so a compiled
-program holds it and it never ends a segment. A **backend** computes only the gradient and
+sphere; nothing for the others), applied after everything that writes the weights: part of the
+optimizer step in both backends, so a compiled program holds it and it never ends a segment, and
+after the interventions (shrink & perturb, ReDo, CBP move rows off the sphere) and resets, in the
+engine's loop, with the bf16 copies re-cast from what they left. A **backend** computes only the gradient and
 optimizer step of a *segment* of consecutive steps: eager (autograd and ``torch.optim``, bf16
 weight copies) runs one step per segment; the compiled backend
 (:mod:`~sac_spectral.agents.compiled`) runs as many consecutive steps as no intervention separates
@@ -221,8 +223,11 @@ class Engine(nn.Module):
         for segment in self.backend.segments(self.steps(update)):
             self.last_metrics.update(self.backend.run(segment, batch, noise))
             last = segment.steps[-1]
-            for reg in self.trained[last.net].regularizers:
+            regs = self.trained[last.net].regularizers
+            for reg in regs:
                 reg.after_step(update)
+            if any(map(intervenes, regs)):
+                self._constrain(last.net)
             if last.after is not None and not segment.after_inside:
                 last.after()
                 self.precision.refresh(*self._targets)
@@ -287,16 +292,24 @@ class Engine(nn.Module):
     @torch.no_grad()
     def reset(self, last: int | None = None) -> None:
         """Nikishin et al. (2022) resets: re-draw the last ``last`` levels (``None``: all) of every
-        trained network, copy them into its target and clear their optimizer state; a full reset
-        also rebuilds the regularizers. The replay buffer is kept by the caller."""
+        trained network, project it (:meth:`~sac_spectral.core.nets.BatchedNetwork.project`), copy
+        them into its target and clear their optimizer state; a full reset also rebuilds the
+        regularizers. The replay buffer is kept by the caller."""
         for net, t in self.trained.items():
             reset_layers(t.module.tail(last), self.generators(net), t.optimizer)
+            t.module.project()
             if t.target is not None:
                 for src, dst in zip(t.module.tail(last), t.target.tail(last)):
                     dst.load_state_dict(src.state_dict())
         if last is None:
             self._build_regularizers()
         self.precision.refresh()
+
+    def _constrain(self, net: str) -> None:
+        """``net`` after its interventions wrote its weights: its projection (SimbaV2's rows back
+        onto the sphere) and its bf16 copies re-cast."""
+        self.trained[net].module.project()
+        self.precision.refresh(net)
 
     def forget_optimizers(self) -> None:
         """Clear every trained network's optimizer state (Adam's moments and step count restart, as
