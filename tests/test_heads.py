@@ -298,8 +298,8 @@ def test_every_actor_critic_agent_takes_every_head():
                                           "actor": {"hidden": [8]}})
             agent = AGENTS[name](OBS, ACT, cfg, SeedStreams([0]))
             out = agent.critic_outputs(agent.critic, torch.randn(1, 4, OBS), torch.rand(1, 4, ACT))
-            assert out.shape[-1] == agent.head.width and agent.q_values(agent.critic, torch.randn(1, 4, OBS),
-                                                                         torch.rand(1, 4, ACT)).shape == (1, C, 4)
+            q = agent.q_values(agent.critic, torch.randn(1, 4, OBS), torch.rand(1, 4, ACT))
+            assert out.shape[-1] == agent.head.width and q.shape == (1, agent.num_critics, 4)
 
 
 def test_a_spectral_penalty_on_a_categorical_heads_logits_is_warned_about():
