@@ -11,10 +11,15 @@ import pytest
 import torch
 import yaml
 
+from sac_spectral.agents import engine
 from sac_spectral.apps.rl import compile_choice
 from sac_spectral.apps.rl.compile_choice import (
     AUTO_MIN_UPDATES,
+    CACHED_MIN_UPDATES,
     auto_compile,
+    compiled_before,
+    program_key,
+    remember_compiled,
     resolve_compile,
 )
 from sac_spectral.apps.rl.config import TrainConfig
@@ -133,8 +138,60 @@ def test_auto_runs_eager_without_a_compiler_or_the_kernels_and_says_why():
     assert auto_compile(cfg, torch.device("cuda"), compiler=_never, kernels=_never)[0] is False
 
 
+def test_auto_compiles_a_shorter_run_whose_programs_an_earlier_run_left_in_the_cache():
+    updates = (CACHED_MIN_UPDATES + AUTO_MIN_UPDATES) // 2
+    assert CACHED_MIN_UPDATES < updates < AUTO_MIN_UPDATES
+    assert auto_compile(_long(updates), torch.device("cpu"), compiler=_never, kernels=_never)[0] is False
+    compiled, why = auto_compile(_long(updates), torch.device("cpu"), compiler=_present, kernels=_present, cached=True)
+    assert compiled is True and why.startswith(f"{updates} updates: a compile from the cache pays for itself after "
+                                               f"{CACHED_MIN_UPDATES}")
+    compiled, why = auto_compile(_long(CACHED_MIN_UPDATES - 1), torch.device("cpu"), compiler=_never, kernels=_never,
+                                 cached=True)
+    assert compiled is False and "after which a compile from the cache has paid for itself" in why
+
+
+def test_the_program_key_ignores_run_options_and_follows_what_shapes_the_update():
+    base = program_key(TrainConfig(), 17, 6)
+    same = load_config(TrainConfig, overrides=["seed=3", "total_steps=5000", "eval_episodes=1", "run_dir=x",
+                                               "env=dmc:walker-run", "priming.updates=10",
+                                               "priming.transitions=5"])
+    assert program_key(same, 17, 6) == base
+    for change in (["num_seeds=2"], ["batch_size=128"], ["threads=1"], ["critic.hidden=[64, 64]"],
+                   ["critic.regularizers=[]"], ["precision=bf16"], ["agent=redq"]):
+        assert program_key(load_config(TrainConfig, overrides=change), 17, 6) != base, change
+    assert program_key(TrainConfig(), 24, 6) != base and program_key(TrainConfig(), 17, 2) != base
+
+
+def test_a_finished_compiled_run_is_remembered_in_inductor_s_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    key = program_key(TrainConfig(), 17, 6)
+    assert not compiled_before(key)
+    remember_compiled(key)
+    assert compiled_before(key) and not compiled_before(program_key(TrainConfig(), 17, 5))
+    assert (tmp_path / "inductor").is_dir()
+
+
+def test_a_run_that_finished_compiled_is_found_by_the_next_run_with_its_programs(tmp_path, monkeypatch, capsys):
+    """The runner remembers a compiled run once it finished its updates, and a later ``auto`` run with
+    the same programs (another seed and length) is told so; an eager run is not remembered."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(engine, "Compiled", lambda agent, *args, **kwargs: engine.Eager(agent))  # no compile here
+    monkeypatch.setattr(compile_choice, "auto_compile", lambda cfg, device, cached: (False, f"cached: {cached}"))
+
+    def choice(*overrides: str) -> list[str]:
+        assert run_cli(main, [*TINY, *overrides]) == 0
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("compile: auto")]
+
+    assert choice(f"run_dir={tmp_path / 'eager'}") == ["compile: auto → eager (cached: False)"]
+    assert choice(f"run_dir={tmp_path / 'again'}") == ["compile: auto → eager (cached: False)"]
+    assert choice(f"run_dir={tmp_path / 'compiled'}", "compile=true") == []
+    later = choice(f"run_dir={tmp_path / 'later'}", "seed=5", "total_steps=40")
+    assert later == ["compile: auto → eager (cached: True)"]
+    assert choice(f"run_dir={tmp_path / 'other'}", "critic.hidden=[8]") == ["compile: auto → eager (cached: False)"]
+
+
 def test_the_run_config_holds_the_resolved_choice(monkeypatch):
-    monkeypatch.setattr(compile_choice, "auto_compile", lambda cfg, device: (True, "a reason"))
+    monkeypatch.setattr(compile_choice, "auto_compile", lambda cfg, device, cached: (True, "a reason"))
     cfg = TrainConfig()
     assert resolve_compile(cfg, torch.device("cpu")) == ("compile: auto → compiled (a reason)", None)
     assert cfg.compile is True
@@ -149,11 +206,11 @@ def test_resume_keeps_the_run_s_choice_unless_compile_is_given(tmp_path, capsys,
     assert run_cli(main, [*TINY, f"run_dir={rd}"]) == 0
     assert "compile: auto → eager" in capsys.readouterr().err
     assert yaml.safe_load((rd / "config.yaml").read_text())["compile"] is False
-    monkeypatch.setattr(compile_choice, "auto_compile", lambda cfg, device: _never())
+    monkeypatch.setattr(compile_choice, "auto_compile", lambda cfg, device, cached: _never())
     assert run_cli(main, ["--resume", str(rd), "total_steps=40"]) == 0
     assert "compile:" not in capsys.readouterr().err
     assert yaml.safe_load((rd / "config.yaml").read_text())["compile"] is False
-    monkeypatch.setattr(compile_choice, "auto_compile", lambda cfg, device: (False, "asked again"))
+    monkeypatch.setattr(compile_choice, "auto_compile", lambda cfg, device, cached: (False, "asked again"))
     assert run_cli(main, ["--resume", str(rd), "total_steps=50", "compile=auto"]) == 0
     assert "compile: auto → eager (asked again)" in capsys.readouterr().err.splitlines()
     assert yaml.safe_load((rd / "config.yaml").read_text())["compile"] is False

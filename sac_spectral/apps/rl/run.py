@@ -17,7 +17,7 @@ import torch
 
 from sac_spectral.agents import ReplayBuffer, agent_class, build_agent
 from sac_spectral.agents.plasticity import PlasticityProbes
-from sac_spectral.apps.rl.compile_choice import resolve_compile
+from sac_spectral.apps.rl.compile_choice import program_key, resolve_compile
 from sac_spectral.apps.rl.config import TrainConfig, run_tag, seed_label
 from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.core.config import ConfigError, one_line
@@ -140,7 +140,9 @@ class RLRun:
         # torch's global generator, which the package never draws from (its draws are the streams'),
         # seeded for an agent that does: the same run draws the same, and checkpoints restore it
         torch.manual_seed(derive_seed(cfg.seed, "torch/global"))
-        choice, fallback = resolve_compile(cfg, self.device)
+        #: what the compiled programs are specialised to (:func:`program_key`)
+        self.compile_key = program_key(cfg, self.pool.obs_dim, self.pool.act_dim)
+        choice, fallback = resolve_compile(cfg, self.device, self.compile_key)
         if choice is not None:
             print(choice, file=sys.stderr, flush=True)
         #: told at the start of training and recorded in the summary

@@ -20,6 +20,7 @@ import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer
 from sac_spectral.agents.probes import DiagnosticsConfig, agent_diagnostics, probe_batch
+from sac_spectral.apps.rl.compile_choice import remember_compiled
 from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
@@ -187,6 +188,8 @@ class Trainer(RLRun):
             self.logger.episodes(tr.finished, self.step)
             self.learn(run)
             run.after(self.step)
+        if self.cfg.compile is True and self.agent.num_updates > 0:
+            remember_compiled(self.compile_key)
 
     def schedule(self) -> Schedule:
         """The periodic work after each env step, in its order, and when to checkpoint."""
