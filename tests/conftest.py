@@ -143,3 +143,33 @@ def state_tensors(state, path: str = ""):
     elif isinstance(state, (list, tuple)):
         for i, v in enumerate(state):
             yield from state_tensors(v, f"{path}[{i}]")
+
+
+def reference_config(agent: str, actor: list[int], critic: list[int] | None = None, **kw):
+    """``agent``'s run config for a test of its update against a reference written from its paper:
+    hidden widths ``actor`` for the actor and ``critic`` (default: the same) for the critics, no
+    regularizers; ``kw`` sets top-level keys."""
+    from sac_spectral.apps.rl.config import TrainConfig
+
+    cfg = TrainConfig(agent=agent, **kw)
+    cfg.actor.hidden, cfg.critic.hidden = list(actor), list(actor if critic is None else critic)
+    cfg.actor.regularizers, cfg.critic.regularizers = [], []
+    return cfg
+
+
+def reference_policy(actor: list, obs: torch.Tensor, noise: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAC's policy for one seed from its equations: a ReLU trunk of ``(W, b)`` pairs ``actor[:-2]``,
+    mean and raw log σ heads ``actor[-2:]``, log σ squashed into ``[log_std_min, log_std_max]`` of the
+    actor config ``cfg``; the action ``tanh(μ + σ·noise)`` and its log-density from ``torch.distributions``."""
+    from torch.distributions import Normal, TanhTransform, TransformedDistribution
+
+    h = obs
+    for w, b in actor[:-2]:
+        h = torch.relu(h @ w.T + b)
+    mean = h @ actor[-2][0].T + actor[-2][1]
+    raw = h @ actor[-1][0].T + actor[-1][1]
+    lo, hi = cfg.log_std_min, cfg.log_std_max
+    std = (lo + 0.5 * (hi - lo) * (torch.tanh(raw) + 1)).exp()
+    tanh = TanhTransform(cache_size=1)
+    action = tanh(mean + std * noise)
+    return action, TransformedDistribution(Normal(mean, std), [tanh]).log_prob(action).sum(-1)

@@ -9,9 +9,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from conftest import named_noise, reference_batch
+from conftest import named_noise, reference_batch, reference_config, reference_policy
 from sac_spectral.agents import AGENTS, CrossQ
 from sac_spectral.agents.crossq import BatchRenorm
 from sac_spectral.apps.rl.config import TrainConfig
@@ -23,9 +22,7 @@ EPS = 1e-3
 
 
 def _config() -> TrainConfig:
-    cfg = TrainConfig(agent="crossq")
-    cfg.actor.hidden, cfg.critic.hidden = [32, 32], [24, 24]
-    cfg.actor.regularizers, cfg.critic.regularizers = [], []
+    cfg = reference_config("crossq", [32, 32], [24, 24])
     cfg.actor.lr = cfg.critic.lr = cfg.alpha.lr = 1e-3
     cfg.crossq.warmup, cfg.crossq.policy_delay, cfg.crossq.r_max, cfg.crossq.d_max = 1, 3, 1.2, 0.1
     cfg.alpha.target_entropy_scale = 1.0
@@ -86,16 +83,7 @@ class Reference:
         self.it = 0
 
     def pi(self, s, eps):
-        h = s
-        for w, b in self.actor[:-2]:
-            h = F.relu(h @ w.T + b)
-        mean = h @ self.actor[-2][0].T + self.actor[-2][1]
-        raw = h @ self.actor[-1][0].T + self.actor[-1][1]
-        lo, hi = self.cfg.actor.log_std_min, self.cfg.actor.log_std_max
-        std = (lo + 0.5 * (hi - lo) * (torch.tanh(raw) + 1)).exp()
-        tanh = TanhTransform(cache_size=1)
-        a = tanh(mean + std * eps)
-        return a, TransformedDistribution(Normal(mean, std), [tanh]).log_prob(a).sum(-1)
+        return reference_policy(self.actor, s, eps, self.cfg.actor)
 
     def update(self, s, a, r, s2, d, eps):
         alpha = self.log_alpha.detach().exp()

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from torch.distributions import Normal, TanhTransform, TransformedDistribution
+from torch.distributions import Normal
 
-from conftest import named_noise, reference_batch, state_tensors
+from conftest import named_noise, reference_batch, reference_config, reference_policy, state_tensors
 from sac_spectral.agents import AGENTS, DroQ, ReplayBuffer
 from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.train import main
@@ -32,9 +32,7 @@ def float64():
 
 
 def _config(**kw) -> TrainConfig:
-    cfg = TrainConfig(agent="droq", **kw)
-    cfg.actor.hidden = cfg.critic.hidden = [H, H]
-    cfg.actor.regularizers, cfg.critic.regularizers = [], []
+    cfg = reference_config("droq", [H, H], **kw)
     cfg.droq.dropout, cfg.droq.policy_delay = P, 2
     return cfg
 
@@ -75,16 +73,7 @@ class Reference:
         return (x @ w.T + b).squeeze(-1)
 
     def pi(self, s, eps):
-        x = s
-        for w, b in self.actor[:-2]:
-            x = torch.relu(x @ w.T + b)
-        mean = x @ self.actor[-2][0].T + self.actor[-2][1]
-        raw = x @ self.actor[-1][0].T + self.actor[-1][1]
-        lo, hi = self.cfg.actor.log_std_min, self.cfg.actor.log_std_max
-        std = (lo + 0.5 * (hi - lo) * (torch.tanh(raw) + 1)).exp()
-        tanh = TanhTransform(cache_size=1)
-        act = tanh(mean + std * eps)
-        return act, TransformedDistribution(Normal(mean, std), [tanh]).log_prob(act).sum(-1)
+        return reference_policy(self.actor, s, eps, self.cfg.actor)
 
     def update(self, s, a, r, s2, d, flat):
         """One update on normals ``flat``: next action, action, then the TD, target and actor masks

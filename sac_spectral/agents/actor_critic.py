@@ -1,16 +1,24 @@
-"""The one small base of the member-batched actor-critic agents (SAC, TD3, REDQ, CrossQ) on the
-update engine, and the pieces they share as functions: an actor with one member per seed and
+"""The one small base of the member-batched actor-critic agents (SAC, TD3, REDQ, DroQ, CrossQ) on
+the update engine, and the pieces they share as functions: an actor with one member per seed and
 ``num_critics`` Q-networks per seed in one batched critic, the critic's input layout, head outputs and
 Q-values (their expectations, :mod:`~sac_spectral.agents.heads`), the TD target of any head and the
-critic step's reduction, the table of trained networks, acting, the run
-checks and the memory estimate. Each agent writes its networks, draws, losses and steps in its own
-file, one level below :class:`ActorCritic`.
+critic step's reduction, the table of trained networks, acting, the run checks and the memory
+estimate.
+
+:class:`ActorCritic` holds the plan they share, defined once: build the networks (SAC's tanh-Gaussian
+actor and critics by default) and the targets the agent names, SAC's temperature for a soft actor,
+then every update the critic step and, every ``actor_delay``-th update, the actor step, the targets
+moving by Polyak averaging after the step the agent names. Each agent writes in its own file, one
+level below :class:`ActorCritic`, what differs: its draws, losses and target, its networks where
+they are not SAC's, and its config.
 
 Seed ``n``'s critics are members ``n·C … n·C + C − 1`` of the critic.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -18,10 +26,21 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from sac_spectral.agents.base import actor_dims
 from sac_spectral.agents.engine import Engine, Trained
-from sac_spectral.agents.heads import Head, loss_elements, make_head
-from sac_spectral.agents.networks import actor_groups, reset_temperature, soft_actor_step, temperature
-from sac_spectral.agents.steps import Metrics, Noise
+from sac_spectral.agents.heads import Head, head_width, loss_elements, make_head
+from sac_spectral.agents.networks import (
+    actor_groups,
+    actor_mean_log_std,
+    make_actor,
+    make_critic,
+    reset_temperature,
+    soft_actor_step,
+    tanh_gaussian,
+    tanh_gaussian_actions,
+    temperature,
+)
+from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.core.precision import full
@@ -78,38 +97,85 @@ def td_step(losses: Tensor, q: Tensor) -> tuple[Tensor, Metrics]:
 
 class ActorCritic(Engine):
     """An engine whose networks are ``actor`` (one member per seed) and ``critic`` (``num_critics``
-    per seed), each with an optional target (``target_actor``, ``target_critic``). An agent builds
-    them in :meth:`networks` (one place, for training and for memory estimates), declares its draws,
-    sets its acting function ``acting(actor, obs, noise)`` and calls :meth:`_train_actor_critic`."""
+    per seed), with a frozen copy ``target_<net>`` of each net that :attr:`targets` names, built in
+    :meth:`networks` (one place, for training, memory estimates and, the actor, exported policies).
+    The constructor builds them and the table, SAC's temperature where :attr:`soft`, the acting
+    function (:meth:`acting_function`) and the Polyak step; an agent adds its own draws to
+    ``next_action`` and ``action`` and writes its losses (:meth:`critic_losses`, :meth:`actor_losses`)."""
 
-    #: the config key of the updates between actor steps, for agents that delay them (TD3, REDQ, CrossQ)
+    #: the config key of the updates between actor steps, for agents that delay them (TD3, REDQ, DroQ, CrossQ)
     actor_delay: ClassVar[str | None] = None
+    #: the networks with a target copy ``target_<net>`` (TD3: both; CrossQ: none)
+    targets: ClassVar[tuple[str, ...]] = ("critic",)
+    #: the step after which the targets move by Polyak averaging: the critic's, every update (TD3:
+    #: the delayed actor's)
+    polyak_after: ClassVar[str] = "critic"
+    #: whether the actor is SAC's tanh-Gaussian policy with a temperature ``cfg.alpha`` (TD3's: deterministic)
+    soft: ClassVar[bool] = True
     #: whether the critic's per-example losses couple the examples (CrossQ's batch statistics)
     coupled: ClassVar[bool] = False
     actor: BatchedNetwork
     critic: BatchedNetwork
     acting: Acting
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
+                 device: str | torch.device = "cpu", betas: tuple[float, float] = BETAS) -> None:
         super().__init__(obs_dim, act_dim, cfg, streams)
         self.num_critics = cfg.critic.num_critics
         self.head = make_head(cfg.critic)
-        #: a soft actor's temperature ``log α`` ``[N]`` (:meth:`_soft_temperature`); None without one (TD3)
+        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim)}
+        for name, net in self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams).items():
+            setattr(self, name, net)
+        #: a soft actor's temperature ``log α`` ``[N]`` and target entropy ``H̄ = −target_entropy_scale·|A|``;
+        #: None without one (TD3)
         self.log_alpha: nn.Parameter | None = None
+        if self.soft:
+            self.target_entropy = -cfg.alpha.target_entropy_scale * act_dim
+            self.log_alpha = temperature(self.num_seeds, cfg.alpha.init, cfg.alpha.learn)
+        self.to(device)
+        self._train_actor_critic(actor_groups(self.actor, self.log_alpha, cfg.actor.lr, cfg.alpha.lr)
+                                 if self.soft else None, betas)
+        self.acting = self.acting_function(cfg)
+        self._after = {self.polyak_after: self.polyak(*self.targets)} if self.targets else {}
+        if self.actor_delay is not None:  # the actor step's metrics, until its first step
+            keys = ("loss/actor", "loss/alpha", "entropy") if self.soft else ("loss/actor",)
+            self.last_metrics.update(dict.fromkeys(keys, torch.zeros(self.num_seeds, device=device)))
+
+    # ----------------------------------------------------------------------------- networks and acting
+    @classmethod
+    def actor_network(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                      generators: list[torch.Generator] | None = None) -> BatchedNetwork:
+        """The actor of ``members`` members: SAC's tanh-Gaussian policy network."""
+        return make_actor(members, obs_dim, act_dim, cfg.actor, generators)
+
+    @classmethod
+    def critic_network(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                       generators: list[torch.Generator] | None = None) -> BatchedNetwork:
+        """The critic of ``members`` members (``num_critics`` per seed): SAC's, with the critic head's width."""
+        return make_critic(members, obs_dim, act_dim, cfg.critic, generators, head_width(cfg.critic))
+
+    @classmethod
+    def acting_function(cls, cfg: Any) -> Acting:
+        """``acting(actor, obs, noise)`` of :meth:`act` and the exported policy: SAC's tanh-Gaussian one."""
+        return functools.partial(tanh_gaussian_actions, cfg.actor)
 
     @classmethod
     def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
                  streams: SeedStreams | None = None) -> dict[str, nn.Module]:
-        """The networks of ``members`` seeds, drawn from ``streams`` (the agent's) or torch's generator."""
-        raise NotImplementedError
+        """The networks of ``members`` seeds, drawn from ``streams`` (the agent's) or torch's generator:
+        the actor, the critic, and a frozen copy ``target_<net>`` of each of :attr:`targets`."""
+        c = cfg.critic.num_critics
+        nets = {"actor": cls.actor_network(members, obs_dim, act_dim, cfg, member_generators(streams, 1)),
+                "critic": cls.critic_network(members * c, obs_dim, act_dim, cfg, member_generators(streams, c))}
+        return nets | {f"target_{net}": copy.deepcopy(nets[net]).requires_grad_(False) for net in cls.targets}
 
-    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
-        """The critic's per-example TD losses ``[N, C, B]`` (target held fixed) and Q-values."""
-        raise NotImplementedError
-
-    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
-        """The actor's per-example losses ``[N, B]`` (and an auxiliary ``[N, B]``)."""
-        raise NotImplementedError
+    @classmethod
+    def export_policy(cls, cfg: Any, actor_state: dict[str, Tensor]) -> nn.Module:
+        """The :meth:`actor_network` of ``actor_state`` acting by :meth:`acting_function`."""
+        members, obs_dim, act_dim = actor_dims(actor_state)
+        actor = cls.actor_network(members, obs_dim, act_dim, cfg)
+        actor.load_state_dict(actor_state)
+        return ExportedPolicy(actor, cls.acting_function(cfg), act_dim)
 
     def _train_actor_critic(self, actor_groups: list[dict[str, Any]] | None = None,
                             betas: tuple[float, float] = BETAS) -> None:
@@ -128,21 +194,45 @@ class ActorCritic(Engine):
                               lambda b, noise: self.critic_losses(b, noise)[0].flatten(0, 1), self.coupled),
         }, cfg.precision)
 
-    # ----------------------------------------------------------------------------- a soft actor's temperature
-    def _soft_temperature(self, act_dim: int) -> None:
-        """SAC's learned temperature from ``cfg.alpha`` (SAC, REDQ, DroQ, CrossQ): ``log α`` per seed
-        at ``log init`` and the target entropy ``H̄ = −target_entropy_scale·|A|``."""
-        alpha = self.cfg.alpha
-        self.target_entropy = -alpha.target_entropy_scale * act_dim
-        self.log_alpha = temperature(self.num_seeds, alpha.init, alpha.learn)
+    # ----------------------------------------------------------------------------- losses and the update
+    def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """A soft actor's ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
+        return tanh_gaussian(*actor_mean_log_std(self.actor, obs, self.cfg.actor), noise)
 
-    def _soft_actor_groups(self) -> list[dict[str, Any]]:
-        """The actor optimizer's parameter groups: the actor's and (where it is learned) ``log α``'s."""
-        return actor_groups(self.actor, self.log_alpha, self.cfg.actor.lr, self.cfg.alpha.lr)
+    def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """The critic's per-example TD losses ``[N, C, B]`` (target held fixed) and Q-values."""
+        raise NotImplementedError
 
-    def _soft_actor_step(self, losses: Tensor, logp: Tensor) -> tuple[Tensor, Metrics]:
-        """The actor and temperature step's loss from the per-example actor losses and ``log π``
-        ``[N, B]`` (:func:`~sac_spectral.agents.networks.soft_actor_step`)."""
+    def actor_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
+        """The actor's per-example losses ``[N, B]`` (and an auxiliary ``[N, B]``: a soft actor's ``log π``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def actor_every(cls, cfg: Any) -> int:
+        """Updates between actor steps: ``cfg``'s value at :attr:`actor_delay` (1 without one: SAC)."""
+        if cls.actor_delay is None:
+            return 1
+        section, key = cls.actor_delay.split(".")
+        return getattr(getattr(cfg, section), key)
+
+    def steps(self, update: int) -> list[NetStep]:
+        """The critic step and, every :meth:`actor_every`-th update, the actor step on the updated
+        critic (as jaxrl orders them); the Polyak step of the targets follows the step
+        :attr:`polyak_after` names."""
+        critic = NetStep("critic", self.critic_step, self._after.get("critic"))
+        if update % self.actor_every(self.cfg):
+            return [critic]
+        return [critic, NetStep("actor", self.actor_step, self._after.get("actor"))]
+
+    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses` (:func:`td_step`); metrics: critic loss
+        and mean Q."""
+        return td_step(*self.critic_losses(batch, noise))
+
+    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
+        """A soft actor's loss ``mean_i ℓ_{n,i}`` of :meth:`actor_losses` plus (where α is learned) the
+        temperature loss ``α(H − H̄)``, summed over seeds (:func:`~sac_spectral.agents.networks.soft_actor_step`)."""
+        losses, logp = self.actor_losses(batch, noise)
         return soft_actor_step(losses, logp, self.log_alpha, self.target_entropy, self.cfg.alpha.learn)
 
     def reset(self, last: int | None = None) -> None:
@@ -194,8 +284,7 @@ class ActorCritic(Engine):
         penalty on a categorical head's logits (which failed to learn the quick task: docs/agents.md)."""
         updates, out = cfg.total_updates, []
         if cls.actor_delay is not None:
-            section, key = cls.actor_delay.split(".")
-            delay = getattr(getattr(cfg, section), key)
+            delay = cls.actor_every(cfg)
             if updates and delay > updates:
                 out.append(f"{cls.actor_delay}={delay} exceeds the run's {updates} updates: the actor never trains")
         for net in ("actor", "critic"):

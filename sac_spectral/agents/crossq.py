@@ -34,7 +34,6 @@ one line, as is ``compile: true`` (the running statistics are written inside the
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,23 +41,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sac_spectral.agents.actor_critic import (
-    BETAS,
-    ActorCritic,
-    ExportedPolicy,
-    head_target,
-    member_generators,
-    td_step,
-)
-from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.actor_critic import BETAS, ActorCritic, head_target
+from sac_spectral.agents.base import register_agent
 from sac_spectral.agents.heads import head_width
-from sac_spectral.agents.networks import (
-    actor_mean_log_std,
-    make_actor,
-    tanh_gaussian,
-    tanh_gaussian_actions,
-)
-from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
+from sac_spectral.agents.steps import Metrics, Noise
 from sac_spectral.core.config import at_least, check, option
 from sac_spectral.core.nets import ACTIVATIONS, BatchedLayerNorm, BatchedLinear, BatchedNetwork
 from sac_spectral.core.precision import full
@@ -203,38 +189,20 @@ class CrossQ(ActorCritic):
     sections = ("alpha",)  # SAC's temperature options
     compiles = False
     actor_delay = "crossq.policy_delay"
+    targets = ()  # no target networks
     coupled = True
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
                  device: str | torch.device = "cpu") -> None:
-        super().__init__(obs_dim, act_dim, cfg, streams)
-        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim)}
-        nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
-        self.actor, self.critic = nets["actor"], nets["critic"]
-        self._soft_temperature(act_dim)
-        self.to(device)
-        self._train_actor_critic(self._soft_actor_groups(),
-                                 betas=(cfg.crossq.adam_beta1, BETAS[1]))
-        self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
-        zeros = torch.zeros(self.num_seeds, device=device)
-        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros,
-                                  "entropy": zeros})  # until the first actor step
+        super().__init__(obs_dim, act_dim, cfg, streams, device, betas=(cfg.crossq.adam_beta1, BETAS[1]))
 
     @classmethod
-    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
-                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
-        actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
+    def critic_network(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                       generators: list[torch.Generator] | None = None) -> BatchedNetwork:
+        """The batch-renormalized MLP (:class:`RenormMLP`) on ``critic.hidden``, ``activation`` and ``init``."""
         c = cfg.critic
-        critic = RenormMLP(members * c.num_critics, obs_dim + act_dim, list(c.hidden), cfg.crossq, c.activation, c.init,
-                           member_generators(streams, c.num_critics), head_width(c))
-        return {"actor": actor, "critic": critic}
-
-    @classmethod
-    def export_policy(cls, cfg: Any, actor_state: dict[str, Tensor]) -> nn.Module:
-        members, obs_dim, act_dim = actor_dims(actor_state)
-        actor = make_actor(members, obs_dim, act_dim, cfg.actor)
-        actor.load_state_dict(actor_state)
-        return ExportedPolicy(actor, functools.partial(tanh_gaussian_actions, cfg.actor), act_dim)
+        return RenormMLP(members, obs_dim + act_dim, list(c.hidden), cfg.crossq, c.activation, c.init, generators,
+                         head_width(c))
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -250,10 +218,6 @@ class CrossQ(ActorCritic):
               f"crossq renormalizes each hidden layer's units; '{c.activation}' changes the width")
 
     # ----------------------------------------------------------------------------- losses
-    def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
-        return tanh_gaussian(*actor_mean_log_std(self.actor, obs, self.cfg.actor), noise)
-
     def critic_losses(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Tensor]:
         """Per-example TD losses ``[N, C, B]`` and Q-values of one forward of ``(s, a)`` and
         ``(s′, a′)`` with batch statistics (``a′`` by ``noise["next_action"]``), the target
@@ -279,20 +243,10 @@ class CrossQ(ActorCritic):
         return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
 
     # ----------------------------------------------------------------------------- the update
-    def steps(self, update: int) -> list[NetStep]:
-        """The critic step; every ``policy_delay``-th update also the actor and temperature step."""
-        critic = NetStep("critic", self.critic_step)
-        return [critic] if update % self.cfg.crossq.policy_delay else [critic, NetStep("actor", self.actor_step)]
-
     def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
-        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses`, moving the running statistics."""
+        """The actor-critic's critic step, moving the running statistics."""
         with moving_statistics(self.critic):
-            return td_step(*self.critic_losses(batch, noise))
-
-    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
-        """Actor loss ``mean_i ℓ_{n,i}`` of :meth:`actor_losses` plus the temperature loss, as SAC's."""
-        losses, logp = self.actor_losses(batch, noise)
-        return self._soft_actor_step(losses, logp)
+            return super().critic_step(batch, noise)
 
     # ----------------------------------------------------------------------------- resets
     def reset(self, last: int | None = None) -> None:

@@ -25,36 +25,22 @@ Run config: ``run_configs/droq.yaml`` (M = 2, p = 0.01, UTD 20).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from sac_spectral.agents.actor_critic import (
-    ActorCritic,
-    ExportedPolicy,
-    head_target,
-    member_generators,
-    td_step,
-)
-from sac_spectral.agents.base import actor_dims, register_agent
+from sac_spectral.agents.actor_critic import ActorCritic, head_target
+from sac_spectral.agents.base import register_agent
 from sac_spectral.agents.heads import head_width
-from sac_spectral.agents.networks import (
-    actor_mean_log_std,
-    make_actor,
-    make_critic,
-    tanh_gaussian,
-    tanh_gaussian_actions,
-)
-from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
+from sac_spectral.agents.networks import make_critic
+from sac_spectral.agents.steps import BATCH, Metrics, Noise
 from sac_spectral.core.config import at_least, check, option
-from sac_spectral.core.nets import ACTIVATIONS, BatchedMLP
+from sac_spectral.core.nets import ACTIVATIONS, BatchedMLP, BatchedNetwork
 from sac_spectral.core.precision import full
 from sac_spectral.core.seeding import SeedStreams
 
@@ -97,36 +83,16 @@ class DroQ(ActorCritic):
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
                  device: str | torch.device = "cpu") -> None:
-        super().__init__(obs_dim, act_dim, cfg, streams)
+        super().__init__(obs_dim, act_dim, cfg, streams, device)
         self.widths, self.threshold = list(cfg.critic.hidden), keep_threshold(cfg.droq.dropout)
-        units = (BATCH, self.num_critics, sum(self.widths))
-        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim), **{name: units for name in MASKS}}
-        nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
-        self.actor, self.critic, self.target_critic = nets["actor"], nets["critic"], nets["target_critic"]
-        self._soft_temperature(act_dim)
-        self.to(device)
-        self._train_actor_critic(self._soft_actor_groups())
-        self.acting = functools.partial(tanh_gaussian_actions, cfg.actor)
-        self._polyak = self.polyak("critic")
-        zeros = torch.zeros(self.num_seeds, device=device)
-        self.last_metrics.update({"loss/actor": zeros, "loss/alpha": zeros,
-                                  "entropy": zeros})  # until the first actor step
+        self.draws.update(dict.fromkeys(MASKS, (BATCH, self.num_critics, sum(self.widths))))
 
     @classmethod
-    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
-                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
-        actor = make_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
-        critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim,
-                             dataclasses.replace(cfg.critic, layer_norm=True),
-                             member_generators(streams, cfg.critic.num_critics), head_width(cfg.critic))
-        return {"actor": actor, "critic": critic, "target_critic": copy.deepcopy(critic).requires_grad_(False)}
-
-    @classmethod
-    def export_policy(cls, cfg: Any, actor_state: dict[str, Tensor]) -> nn.Module:
-        members, obs_dim, act_dim = actor_dims(actor_state)
-        actor = make_actor(members, obs_dim, act_dim, cfg.actor)
-        actor.load_state_dict(actor_state)
-        return ExportedPolicy(actor, functools.partial(tanh_gaussian_actions, cfg.actor), act_dim)
+    def critic_network(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                       generators: list[torch.Generator] | None = None) -> BatchedNetwork:
+        """SAC's critic with LayerNorm after each hidden linear layer, whatever ``critic.layer_norm`` says."""
+        return make_critic(members, obs_dim, act_dim, dataclasses.replace(cfg.critic, layer_norm=True), generators,
+                           head_width(cfg.critic))
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -146,10 +112,6 @@ class DroQ(ActorCritic):
         for layer, norm, mask in zip(net.layers, net.norms, masks):
             x = act(norm(layer(x, detach) * mask, detach))
         return full(net.heads[0](x, detach)).view(n, self.num_critics, b, *self.head.shape)
-
-    def policy(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """Sample ``a ~ π(·|obs)`` with given standard-normal ``noise``; returns ``(a, log π(a))``."""
-        return tanh_gaussian(*actor_mean_log_std(self.actor, obs, self.cfg.actor), noise)
 
     @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Noise) -> Tensor:
@@ -174,19 +136,3 @@ class DroQ(ActorCritic):
         out = self.dropout_q(self.critic, obs, action, noise["dropout_actor"], detach=True)
         q_pi = self.head.expectation(out).mean(dim=1)
         return self.log_alpha.detach().exp().unsqueeze(-1) * logp - q_pi, logp
-
-    # ----------------------------------------------------------------------------- the update
-    def steps(self, update: int) -> list[NetStep]:
-        """The critic step and the Polyak step; every ``policy_delay``-th update also the actor and
-        temperature step."""
-        critic = NetStep("critic", self.critic_step, self._polyak)
-        return [critic] if update % self.cfg.droq.policy_delay else [critic, NetStep("actor", self.actor_step)]
-
-    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
-        """``Σ_n Σ_i mean_b ℓ`` of :meth:`critic_losses`; metrics: critic loss and mean Q."""
-        return td_step(*self.critic_losses(batch, noise))
-
-    def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
-        """Actor loss ``mean_b ℓ`` of :meth:`actor_losses` plus the temperature loss, as SAC's."""
-        losses, logp = self.actor_losses(batch, noise)
-        return self._soft_actor_step(losses, logp)

@@ -19,24 +19,20 @@ always has).
 
 from __future__ import annotations
 
-import copy
 import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from sac_spectral.agents.actor_critic import ActorCritic, ExportedPolicy, head_target, member_generators, td_step
-from sac_spectral.agents.base import actor_dims, register_agent
-from sac_spectral.agents.heads import head_width
-from sac_spectral.agents.networks import make_critic
-from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
+from sac_spectral.agents.actor_critic import Acting, ActorCritic, head_target
+from sac_spectral.agents.base import register_agent
+from sac_spectral.agents.steps import Metrics, Noise
 from sac_spectral.core.config import at_least, option
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.precision import full
 from sac_spectral.core.residual import make_network
-from sac_spectral.core.seeding import SeedStreams
 
 
 def make_deterministic_actor(members: int, obs_dim: int, act_dim: int, cfg: Any,
@@ -71,43 +67,28 @@ class TD3(ActorCritic):
     """``len(seeds)`` independent TD3 agents in member-batched networks."""
 
     actor_delay = "td3.policy_delay"
-
-    def __init__(self, obs_dim: int, act_dim: int, cfg: Any, streams: SeedStreams,
-                 device: str | torch.device = "cpu") -> None:
-        super().__init__(obs_dim, act_dim, cfg, streams)
-        self.opts = cfg.td3
-        self.draws = {"next_action": (BATCH, act_dim), "action": (BATCH, act_dim)}  # "action": unused
-        nets = self.networks(self.num_seeds, obs_dim, act_dim, cfg, streams)
-        self.actor, self.critic = nets["actor"], nets["critic"]
-        self.target_actor, self.target_critic = nets["target_actor"], nets["target_critic"]
-        self.to(device)
-        self._train_actor_critic()
-        self.acting = functools.partial(deterministic_actions, self.opts.exploration_noise)
-        self._polyak = self.polyak("critic", "actor")
-        self.last_metrics["loss/actor"] = torch.zeros(self.num_seeds, device=device)
+    targets = ("actor", "critic")
+    polyak_after = "actor"  # delayed target updates
+    soft = False
 
     @classmethod
-    def networks(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
-                 streams: SeedStreams | None = None) -> dict[str, nn.Module]:
-        actor = make_deterministic_actor(members, obs_dim, act_dim, cfg.actor, member_generators(streams, 1))
-        critic = make_critic(members * cfg.critic.num_critics, obs_dim, act_dim, cfg.critic,
-                             member_generators(streams, cfg.critic.num_critics), head_width(cfg.critic))
-        return {"actor": actor, "critic": critic, "target_actor": copy.deepcopy(actor).requires_grad_(False),
-                "target_critic": copy.deepcopy(critic).requires_grad_(False)}
+    def actor_network(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,
+                      generators: list[torch.Generator] | None = None) -> BatchedNetwork:
+        """The deterministic actor ``f_φ`` (:func:`make_deterministic_actor`)."""
+        return make_deterministic_actor(members, obs_dim, act_dim, cfg.actor, generators)
 
     @classmethod
-    def export_policy(cls, cfg: Any, actor_state: dict[str, Tensor]) -> nn.Module:
-        members, obs_dim, act_dim = actor_dims(actor_state)
-        actor = make_deterministic_actor(members, obs_dim, act_dim, cfg.actor)
-        actor.load_state_dict(actor_state)
-        return ExportedPolicy(actor, functools.partial(deterministic_actions, cfg.td3.exploration_noise), act_dim)
+    def acting_function(cls, cfg: Any) -> Acting:
+        """``μ(s)``, or ``clip(μ(s) + σ_x·noise, −1, 1)`` while collecting (:func:`deterministic_actions`)."""
+        return functools.partial(deterministic_actions, cfg.td3.exploration_noise)
 
     # ----------------------------------------------------------------------------- losses
     @torch.no_grad()
     def critic_target(self, batch: Metrics, noise: Tensor) -> Tensor:
         """``[N, B]`` target ``r + γ(1 − terminated)·min_j Q′_j(s′, ã′)`` (or the critic head's,
         :func:`head_target`) with the target action smoothed by ``noise [N, B, A]``."""
-        smoothing = (self.opts.policy_noise * noise).clamp(-self.opts.noise_clip, self.opts.noise_clip)
+        opts = self.cfg.td3
+        smoothing = (opts.policy_noise * noise).clamp(-opts.noise_clip, opts.noise_clip)
         next_action = (torch.tanh(full(self.target_actor(batch["next_obs"]))) + smoothing).clamp(-1.0, 1.0)
         next_out = self.critic_outputs(self.target_critic, batch["next_obs"], next_action)
         return head_target(self.head, batch, next_out, self.cfg.gamma)
@@ -127,18 +108,6 @@ class TD3(ActorCritic):
         return -q1, action.detach().abs().mean(dim=-1)
 
     # ----------------------------------------------------------------------------- the update
-    def steps(self, update: int) -> list[NetStep]:
-        """The critic step; every ``policy_delay``-th update also the actor step, then the Polyak
-        step of both targets."""
-        critic = NetStep("critic", self.critic_step)
-        if update % self.opts.policy_delay:
-            return [critic]
-        return [critic, NetStep("actor", self.actor_step, self._polyak)]
-
-    def critic_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
-        """``Σ_n Σ_j mean_i ℓ_{n,j,i}`` of :meth:`critic_losses`; metrics: critic loss and mean Q."""
-        return td_step(*self.critic_losses(batch, noise))
-
     def actor_step(self, batch: Metrics, noise: Noise) -> tuple[Tensor, Metrics]:
         """``Σ_n −mean_i Q_1(s_i, μ(s_i))``; metric: the per-seed actor loss."""
         per_seed = self.actor_losses(batch, noise)[0].mean(dim=-1)
