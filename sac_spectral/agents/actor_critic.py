@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -28,7 +27,7 @@ from torch import Tensor, nn
 
 from sac_spectral.agents.base import actor_dims
 from sac_spectral.agents.engine import Engine, Trained
-from sac_spectral.agents.heads import Head, head_width, loss_elements, make_head
+from sac_spectral.agents.heads import Head, head_width, make_head
 from sac_spectral.agents.networks import (
     actor_groups,
     actor_mean_log_std,
@@ -40,13 +39,12 @@ from sac_spectral.agents.networks import (
     tanh_gaussian_actions,
     temperature,
 )
+from sac_spectral.agents.run_checks import memory_parts, regularizer_warnings
 from sac_spectral.agents.steps import BATCH, Metrics, NetStep, Noise
 from sac_spectral.core.nets import BatchedNetwork
 from sac_spectral.core.optim import make_optimizer
 from sac_spectral.core.precision import full
 from sac_spectral.core.seeding import SeedStreams
-from sac_spectral.core.sizes import ADAM_COPIES, FLOAT32
-from sac_spectral.regularizers import acts_at, parameter_copies
 
 #: Adam's default ``(β₁, β₂)``
 BETAS = (0.9, 0.999)
@@ -280,57 +278,21 @@ class ActorCritic(Engine):
     @classmethod
     def run_warnings(cls, cfg: Any) -> list[str]:
         """What a run of ``cfg`` would silently never do in its ``cfg.total_updates`` updates (an actor
-        whose delay exceeds them, an intervention whose ``at_step`` lies beyond them), and a spectral
-        penalty on a categorical head's logits (which failed to learn the quick task: docs/agents.md)."""
+        whose delay exceeds them) and :func:`~sac_spectral.agents.run_checks.regularizer_warnings`."""
         updates, out = cfg.total_updates, []
         if cls.actor_delay is not None:
             delay = cls.actor_every(cfg)
             if updates and delay > updates:
                 out.append(f"{cls.actor_delay}={delay} exceeds the run's {updates} updates: the actor never trains")
-        for net in ("actor", "critic"):
-            for i, spec in enumerate(getattr(cfg, net).regularizers):
-                at = acts_at(spec)
-                if updates and at is not None and at > updates:
-                    out.append(f"{net}.regularizers[{i}] ({spec['name']}): at_step={at} lies beyond the run's "
-                               f"{updates} updates: it never acts")
-        if cfg.critic.head == "categorical" and any(spec["name"] == "spectral" and spec.get("layers", "all") == "all"
-                                                    for spec in cfg.critic.regularizers):
-            out.append("critic.regularizers: spectral holds the categorical head's output layer (its logits) near "
-                       "σ_max 1; on the quick task that failed to learn (docs/agents.md): consider layers: hidden "
-                       "or no critic regularizer")
+        out += regularizer_warnings(cfg)
         return out
 
     @classmethod
     def memory_estimate(cls, cfg: Any, obs_dim: int, act_dim: int) -> dict[str, float]:
-        """Bytes of a run: the replay buffer, the networks as :meth:`networks` builds them (on the
-        meta device; trained ones with gradients, Adam moments and their regularizers' parameter
-        copies, ``target_*`` ones once), one step's batches and a batch's activations (each hidden
-        unit keeps its pre- and post-activation for backward and gets a gradient of each), and the
-        diagnostics' per-example gradients."""
-        n, c, b = cfg.num_seeds, cfg.critic.num_critics, cfg.batch_size
-        transition = 2 * obs_dim + act_dim + 2
+        """Bytes of a run (:func:`~sac_spectral.agents.run_checks.memory_parts` of :meth:`networks`)."""
         with torch.random.fork_rng(), torch.device("meta"):
-            nets = cls.networks(n, obs_dim, act_dim, cfg)
-        counts = {k: sum(p.numel() for p in net.parameters()) for k, net in nets.items()}
-        networks = sum(v * (ADAM_COPIES + parameter_copies(getattr(cfg, k).regularizers)) if not k.startswith("target")
-                       else v for k, v in counts.items())
-        critic_sizes = [obs_dim + act_dim, *cfg.critic.hidden, sum(nets["critic"].out_dims)]
-        actor_sizes = [obs_dim, *cfg.actor.hidden, sum(nets["actor"].out_dims)]
-        parts = {
-            "replay buffer": FLOAT32 * n * cfg.buffer_size * transition,
-            "networks and Adam state": FLOAT32 * networks,
-            "a batch's transitions and activations": FLOAT32 * (
-                math.ceil(cfg.replay_ratio) * n * b * transition
-                + 2 * n * c * b * (critic_sizes[0] + 4 * sum(critic_sizes[1:]))
-                + 2 * n * b * (actor_sizes[0] + 4 * sum(actor_sizes[1:]))
-            ),
-        }
-        if cfg.critic.head != "scalar":
-            parts["critic head's target and loss"] = FLOAT32 * n * b * loss_elements(cfg.critic)
-        if cfg.diagnostics.every:
-            per_member = max(counts["critic"] // (n * c), counts["actor"] // n)
-            parts["diagnostics probe"] = FLOAT32 * n * c * min(cfg.diagnostics.batch_size, cfg.buffer_size) * per_member
-        return parts
+            nets = cls.networks(cfg.num_seeds, obs_dim, act_dim, cfg)
+        return memory_parts(cfg, nets, obs_dim, act_dim)
 
 
 class ExportedPolicy(nn.Module):
