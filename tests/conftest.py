@@ -173,3 +173,12 @@ def reference_policy(actor: list, obs: torch.Tensor, noise: torch.Tensor, cfg) -
     tanh = TanhTransform(cache_size=1)
     action = tanh(mean + std * noise)
     return action, TransformedDistribution(Normal(mean, std), [tanh]).log_prob(action).sum(-1)
+
+
+@pytest.fixture
+def float64():
+    """Tensors in float64 for the test (the default dtype restored after it)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)

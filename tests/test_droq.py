@@ -23,14 +23,6 @@ OBS, ACT, B, M, H, P = 5, 2, 16, 2, 8, 0.2
 UNITS = B * M * 2 * H  # one mask draw: (batch row, critic, unit of each hidden layer)
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def _config(**kw) -> TrainConfig:
     cfg = reference_config("droq", [H, H], **kw)
     cfg.droq.dropout, cfg.droq.policy_delay = P, 2

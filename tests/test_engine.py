@@ -31,14 +31,6 @@ INTERVENTIONS = {
 ATOL = 1e-6
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def _buffer(seeds: int, obs: int = 5, act: int = 2, n: int = 64) -> ReplayBuffer:
     g = torch.Generator().manual_seed(0)
     buf = ReplayBuffer(n, obs, act, seeds)

@@ -25,14 +25,6 @@ AGENT_ARCHS = [("sac", "mlp"), ("sac", "simbav2"), ("td3", "simbav2"), ("redq", 
                ("droq", "mlp")]
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def _agent(name: str, arch: str, head: dict, precision: str = "fp32", seeds=(0, 1), **extra) -> torch.nn.Module:
     cfg = from_dict(TrainConfig, {"agent": name, "precision": precision, **extra,
                                   "critic": {"hidden": [16, 16], "arch": arch, "regularizers": [], **head},

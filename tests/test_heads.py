@@ -36,14 +36,6 @@ HEADS = {
 }
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def _config(head: dict) -> TrainConfig:
     cfg = from_dict(TrainConfig, {"critic": {"hidden": [H, H], "regularizers": [], **head},
                                   "actor": {"hidden": [H, H], "regularizers": []}})
