@@ -21,7 +21,7 @@ from sac_spectral.core.layers import layer_views
 from sac_spectral.core.residual import make_network
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.regularizers import Spectral
-from test_engine import _assert_equal, _train, float64  # noqa: F401 (a fixture)
+from test_engine import _assert_equal, _train
 from test_train import FAST, _assert_same_state, _params, run
 
 IN, W, BLOCKS = 6, 16, 2

@@ -13,7 +13,7 @@ from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.core.config import from_dict
 from sac_spectral.core.hyperspherical import SphereLinear
 from sac_spectral.core.seeding import SeedStreams
-from test_engine import _assert_equal, _buffer, _train, float64  # noqa: F401 (a fixture)
+from test_engine import _assert_equal, _buffer, _train
 
 #: each intervention that writes weights, acting at update 2
 INTERVENTIONS = {
