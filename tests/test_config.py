@@ -43,6 +43,7 @@ def test_dotted_overrides_reach_nested_fields_and_parse_yaml():
         ("resets.what=some", "is not one of all, last_layers"),
         ("compile_products=mkl", "compile_products: 'mkl' is not one of onednn, aten"),
         ("resets.at=[0]", "resets.at: must be env steps >= 1"),
+        ("resets.networks=[actr]", "resets.networks: 'actr' is not one of actor, critic"),
         ("device=tpu", "device"),
         ("nokey", "not of the form key=value"),
     ],

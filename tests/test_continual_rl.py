@@ -137,6 +137,19 @@ def test_a_cleared_buffer_warms_each_stage_up_as_the_run_began(tmp_path):
     assert summary["best_eval_return"] == max(r["return"] for r in rows if not r["warmup"])
 
 
+@pytest.mark.parametrize("networks, passed", [("[]", None), ("[critic]", ["critic"])])
+def test_a_switch_resets_the_networks_on_switch_names(tmp_path, monkeypatch, networks, passed):
+    from sac_spectral.agents.sac import SAC
+
+    calls = []
+    reset = SAC.reset
+    monkeypatch.setattr(SAC, "reset", lambda agent, last=None, networks=None: (calls.append((last, networks)),
+                                                                             reset(agent, last, networks)))
+    assert run(TINY + ["tasks=[{}]", "cycles=2", "steps_per_task=6", "on_switch.reset=all",
+                       f"on_switch.networks={networks}", f"run_dir={tmp_path / 'run'}"]) == 0
+    assert calls == [(None, passed)]
+
+
 @pytest.mark.parametrize("buffer", ["keep", "clear"])
 def test_simbav2s_reward_scale_restarts_its_return_at_each_switch(tmp_path, buffer):
     """The switch cuts the episodes (cartpole's last 125 steps at action repeat 8; a stage has 7): the
@@ -244,6 +257,10 @@ def test_a_long_sequence_builds_its_stages_when_asked():
     (["tasks=[{}]", "steps_per_task=5", "on_switch.reset=last"],
      "on_switch.reset: 'last' is not one of none, all, last:<k>"),
     (["tasks=[{}]", "steps_per_task=5", "on_switch.buffer=drop"], "on_switch.buffer: 'drop' is not one of keep, clear"),
+    (["tasks=[{}]", "steps_per_task=5", "on_switch.networks=[value]"],
+     "on_switch.networks: 'value' is not one of actor, critic"),
+    (["tasks=[{}]", "steps_per_task=5", "on_switch.networks=[critic, critic]"],
+     "on_switch.networks: names a network twice"),
     (["tasks=[{env: dmc:cartpole-swingup}, {env: dmc:walker-walk}]", "steps_per_task=5"],
      "a sequence's tasks must share their shapes"),
     (["tasks=[{env: dmc:cartpole-swingup}, {env: dmc:cartpole-flip}]", "steps_per_task=5"], "unknown environment"),

@@ -142,6 +142,34 @@ def test_reset_last_layers_keeps_the_rest():
     assert torch.equal(agent.target_critic.heads[0].weight, agent.critic.heads[0].weight)
 
 
+@pytest.mark.parametrize("net, kept", [("critic", "actor"), ("actor", "critic")])
+def test_a_reset_of_one_network_keeps_the_other_its_optimizer_state_and_its_regularizers(net, kept):
+    cfg = small_cfg()
+    cfg.critic.regularizers = cfg.actor.regularizers = [{"name": "l2_init", "coef": 1e-3}]
+    agent = make_agent(cfg=cfg)
+    for _ in range(3):
+        agent.update(random_batch(), named_noise(agent, torch.randn(2, 1, 8, 2)))
+    with torch.no_grad():
+        agent.log_alpha.fill_(-1.0)
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    kept_regs = agent.trained[kept].regularizers
+    agent.reset(networks=[net])
+    for k, v in agent.state_dict().items():
+        if k.startswith(f"{kept}.") or k.startswith(f"target_{kept}."):
+            assert torch.equal(v, before[k]), k
+        elif k.startswith(f"{net}.") and "weight" in k:
+            assert not torch.equal(v, before[k]), k
+    assert len(agent.trained[net].optimizer.state) == 0
+    assert len(agent.trained[kept].optimizer.state) > 0
+    assert agent.trained[kept].regularizers is kept_regs and agent.trained[net].regularizers is not kept_regs
+    assert agent.log_alpha.item() == (0.0 if net == "actor" else -1.0)
+
+
+def test_a_reset_of_a_network_the_agent_does_not_train_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="'value' is not one of actor, critic"):
+        make_agent().reset(networks=["value"])
+
+
 def _paired_buffers(seeds, obs=5, act=2, n=64, vary_seed0=False):
     """Per-seed buffers with identical rows for every seed but (optionally) seed 0."""
     g = torch.Generator().manual_seed(0)

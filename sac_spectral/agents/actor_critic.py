@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -233,12 +233,12 @@ class ActorCritic(Engine):
         losses, logp = self.actor_losses(batch, noise)
         return soft_actor_step(losses, logp, self.log_alpha, self.target_entropy, self.cfg.alpha.learn)
 
-    def reset(self, last: int | None = None) -> None:
-        """The engine's reset; a full one also resets ``log α`` (where the agent has one) and its Adam
-        state."""
-        if last is None and self.log_alpha is not None:
+    def reset(self, last: int | None = None, networks: Sequence[str] | None = None) -> None:
+        """The engine's reset; a full one of the actor also resets ``log α`` (where the agent has one)
+        and its Adam state."""
+        if last is None and self.log_alpha is not None and "actor" in self.reset_networks(networks):
             reset_temperature(self.log_alpha, self.trained["actor"].optimizer, self.cfg.alpha.init)
-        super().reset(last)
+        super().reset(last, networks)
 
     def metrics(self) -> Metrics:
         """Per-seed ``[N]`` temperature (where the agent has one) and regularizer metrics (the state,

@@ -9,7 +9,7 @@ network are members ``n·k … n·k + k − 1``), and every agent trains them wi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -51,8 +51,9 @@ class Agent(Protocol):
     def metrics(self) -> Metrics:
         """Per-seed ``[N]`` metrics of the agent's state (temperature, regularizers)."""
 
-    def reset(self, last: int | None = None) -> None:
-        """Re-draw every network (``None``) or their last ``last`` levels; the buffer stays."""
+    def reset(self, last: int | None = None, networks: Sequence[str] | None = None) -> None:
+        """Re-draw the trained networks in ``networks`` (``None``: every one), whole (``last=None``) or
+        their last ``last`` levels; the buffer stays."""
 
     def forget_optimizers(self) -> None:
         """Clear every trained network's optimizer state; the parameters stay."""

@@ -34,7 +34,7 @@ one line, as is ``compile: true`` (the running statistics are written inside the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,10 +249,12 @@ class CrossQ(ActorCritic):
             return super().critic_step(batch, noise)
 
     # ----------------------------------------------------------------------------- resets
-    def reset(self, last: int | None = None) -> None:
-        """The actor-critic reset (a full one also resets α and its Adam state); the re-drawn
-        renormalization layers restart their running statistics."""
-        super().reset(last)
+    def reset(self, last: int | None = None, networks: Sequence[str] | None = None) -> None:
+        """The actor-critic reset (a full one of the actor also resets α and its Adam state); the
+        re-drawn renormalization layers restart their running statistics."""
+        super().reset(last, networks)
+        if "critic" not in self.reset_networks(networks):
+            return
         for m in self.critic.tail(last):
             if isinstance(m, BatchRenorm):
                 m.running_mean.zero_()

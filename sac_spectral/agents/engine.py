@@ -176,11 +176,13 @@ class Engine(nn.Module):
         """Each member's ``init`` stream (seed ``n``'s members ``n·k … n·k + k − 1`` share seed n's)."""
         return [g for g in self.streams["init"] for _ in range(self.trained[net].members)]
 
-    def _build_regularizers(self) -> None:
-        """Each network's regularizers with its optimizer (their probe inputs are handed to them each
-        update: :meth:`update`), its target, and per-member random streams seeded from each seed's
-        ``init`` stream (so seed i of a multi-seed run draws what a single-seed run draws)."""
-        for net, t in self.trained.items():
+    def _build_regularizers(self, networks: Sequence[str] | None = None) -> None:
+        """The regularizers of each network in ``networks`` (``None``: every trained one) with its
+        optimizer (their probe inputs are handed to them each update: :meth:`update`), its target,
+        and per-member random streams seeded from each seed's ``init`` stream (so seed i of a
+        multi-seed run draws what a single-seed run draws)."""
+        for net in self.trained if networks is None else networks:
+            t = self.trained[net]
             t.regularizers = build_regularizers(t.module, t.cfg.regularizers, f"{net}.regularizers")
             for reg in t.regularizers:
                 reg.attach(t.optimizer)
@@ -290,20 +292,34 @@ class Engine(nn.Module):
 
     # ----------------------------------------------------------------------------- resets and state
     @torch.no_grad()
-    def reset(self, last: int | None = None) -> None:
-        """Nikishin et al. (2022) resets: re-draw the last ``last`` levels (``None``: all) of every
-        trained network, project it (:meth:`~sac_spectral.core.nets.BatchedNetwork.project`), copy
-        them into its target and clear their optimizer state; a full reset also rebuilds the
-        regularizers. The replay buffer is kept by the caller."""
-        for net, t in self.trained.items():
+    def reset(self, last: int | None = None, networks: Sequence[str] | None = None) -> None:
+        """Nikishin et al. (2022) resets: re-draw the last ``last`` levels (``None``: all) of each trained
+        network in ``networks`` (``None``: every one), project it
+        (:meth:`~sac_spectral.core.nets.BatchedNetwork.project`), copy them into its target and clear
+        their optimizer state; a full reset also rebuilds those networks' regularizers. The replay
+        buffer is kept by the caller."""
+        names = self.reset_networks(networks)
+        for net in names:
+            t = self.trained[net]
             reset_layers(t.module.tail(last), self.generators(net), t.optimizer)
             t.module.project()
             if t.target is not None:
                 for src, dst in zip(t.module.tail(last), t.target.tail(last)):
                     dst.load_state_dict(src.state_dict())
         if last is None:
-            self._build_regularizers()
+            self._build_regularizers(names)
         self.precision.refresh()
+
+    def reset_networks(self, networks: Sequence[str] | None) -> tuple[str, ...]:
+        """The trained networks a reset of ``networks`` (``None``: all) re-draws; a one-line
+        ``ValueError`` for a name the agent does not train."""
+        if networks is None:
+            return tuple(self.trained)
+        unknown = [n for n in networks if n not in self.trained]
+        if unknown:
+            raise ValueError(f"reset networks: {', '.join(map(repr, unknown))} is not one of "
+                             f"{', '.join(self.trained)}")
+        return tuple(networks)
 
     def _constrain(self, net: str) -> None:
         """``net`` after its interventions wrote its weights: its projection (SimbaV2's rows back

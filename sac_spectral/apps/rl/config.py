@@ -24,7 +24,15 @@ from sac_spectral.envs.tasks import MAX_STAGES, Task, TaskError, TaskSequence, p
 
 DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
 RESET_CHOICES = ("all", "last_layers")
+RESET_NETWORKS = ("actor", "critic")
 MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
+
+
+def check_networks(networks: list[str]) -> None:
+    """Refuse a ``networks`` list of a reset that names a network twice or one no agent trains."""
+    bad = [n for n in networks if n not in RESET_NETWORKS]
+    check(not bad, "networks", f"{', '.join(map(repr, bad))} is not one of {', '.join(RESET_NETWORKS)}")
+    check(len(set(networks)) == len(networks), "networks", f"names a network twice: {networks}")
 
 
 @dataclass
@@ -37,6 +45,8 @@ class ResetConfig:
                            "priming")
     what: str = option("all", f"what a reset re-draws: {' | '.join(RESET_CHOICES)}")
     last_layers: int = option(1, "number of final levels re-drawn by what=last_layers (1 = the output heads)")
+    networks: list[str] = option([], f"the networks a reset re-draws, some of {', '.join(RESET_NETWORKS)} "
+                                     "([] = every trained network)")
 
     def due(self, step: int) -> bool:
         """Whether env step ``step`` (≥ 1) is a reset step."""
@@ -52,6 +62,7 @@ class ResetConfig:
         check(all(isinstance(s, int) and s >= 1 for s in self.at), "at", f"must be env steps >= 1, got {self.at}")
         check(self.what in RESET_CHOICES, "what", f"'{self.what}' is not one of {', '.join(RESET_CHOICES)}")
         at_least(self, 1, "last_layers")
+        check_networks(self.networks)
 
 
 @dataclass
@@ -79,6 +90,8 @@ class SwitchConfig:
     reset: str = option("none",
                         "re-draw the networks: none | all | last:<k> (the last k levels, as resets.last_layers counts)")
     optimizer: str = option("keep", f"the optimizers' moments: {' | '.join(SWITCH_OPTIMIZER)}")
+    networks: list[str] = option([], f"the networks a reset re-draws, some of {', '.join(RESET_NETWORKS)} "
+                                     "([] = every trained network)")
 
     def layers(self) -> int | None | bool:
         """The levels a switch re-draws (``None``: all), or False for none."""
@@ -92,6 +105,7 @@ class SwitchConfig:
         check(self.reset in ("none", "all")
               or (len(last) == 2 and last[0] == "last" and last[1].isdigit() and int(last[1]) >= 1),
               "reset", f"'{self.reset}' is not one of none, all, last:<k> (k >= 1)")
+        check_networks(self.networks)
 
 
 @dataclass

@@ -232,7 +232,7 @@ class Trainer(RLRun):
     def _reset(self) -> None:
         """Nikishin et al.'s reset (the buffer stays). A run that ends at a reset step skips it (its
         final checkpoint keeps the trained agent); extending that run applies it on resume."""
-        self.agent.reset(self.cfg.resets.layers())
+        self.agent.reset(self.cfg.resets.layers(), self.cfg.resets.networks or None)
         self.last_reset = self.step
 
     # ----------------------------------------------------------------------------- evaluation
@@ -280,7 +280,7 @@ class Trainer(RLRun):
             self.buffer.clear()
         layers = sw.layers()
         if layers is not False:
-            self.agent.reset(layers)
+            self.agent.reset(layers, sw.networks or None)
         if sw.optimizer == "reset":
             self.agent.forget_optimizers()
         with self.simulating(self.sequence.stage_at(self.step)):
