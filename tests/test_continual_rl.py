@@ -433,6 +433,56 @@ def test_the_report_tabulates_forgetting_and_plasticity_and_correlates_the_switc
     assert len(data["methods"][method]["seeds"]) == 2
 
 
+def test_the_report_tabulates_the_mechanism_at_the_switches_and_the_value_scale(tmp_path):
+    """Every layer's σ_max is in the switch diagnostics even where the training metrics logged it at
+    the same step; the report's mechanism tables are the means of the switch diagnostics, the
+    ``q/mean`` logged at each stage's end and ``diagnose --json RUN/mechanism.json``'s Q-scale."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sac_spectral.diagnose import main as diagnose_main
+    from sac_spectral.runs.layout import MECHANISM
+    from sac_spectral.studies.report import main as report_main
+
+    rd = tmp_path / "run"
+    assert run(TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "cycles=3", "steps_per_task=10",
+                       "num_seeds=2", "eval_every=5", "log_every=5", "diagnostics.every=1000",
+                       "diagnostics.batch_size=16", f"run_dir={rd}"]) == 0
+    switches = json.loads((rd / "summary.json").read_text())["continual"]["switches"]
+    for switch in switches:
+        d = switch["diagnostics"]
+        assert all(len(d[f"spectral/critic/layer{i}/sigma_max"]) == 2 for i in range(3))
+        assert all(a >= b > 0 for a, b in zip(d["spectral/critic/layer1/sigma_max"],
+                                              d["spectral/critic/layer1/sigma_min"]))
+    assert diagnose_main([str(rd), "--q-scale", "1", "--json", str(rd / MECHANISM)]) == 0
+    out = tmp_path / "report"
+    assert report_main([str(rd), "--out", str(out), "--reps", "20"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    (means,) = data["mechanism_switches"].values()
+    erank = [v for s in switches for v in s["diagnostics"]["grad_rank/critic/erank"]]
+    assert means["grad_rank/critic/erank"] == pytest.approx(np.mean(erank))
+    sigma = [v for s in switches for v in s["diagnostics"]["spectral/actor/layer2/sigma_max"]]
+    assert means["sigma_max/actor/2"] == pytest.approx(np.mean(sigma))
+    (scale,) = data["value_scale"].values()
+    acc = EventAccumulator(str(rd))
+    acc.Reload()
+    q = {s: {e.step: e.value for e in acc.Scalars(f"seed{s}/q/mean")} for s in (0, 1)}
+    assert scale["stage_q"] == pytest.approx([np.mean([q[s][end] for s in (0, 1)]) for end in (10, 20, 30)])
+    values = json.loads((rd / MECHANISM).read_text())["values"]
+    assert scale["bias"] == pytest.approx(values["q_scale/normalized_bias"])
+    text = (out / "report.md").read_text()
+    assert "## Mechanism at the task switches" in text and "## The value scale" in text
+    # a run whose switches did not record σ_max: the values its training metrics logged at the switch
+    summary = json.loads((rd / "summary.json").read_text())
+    for switch in summary["continual"]["switches"]:
+        switch["diagnostics"] = {k: v for k, v in switch["diagnostics"].items() if not k.endswith("sigma_max")}
+    (rd / "summary.json").write_text(json.dumps(summary))
+    assert report_main([str(rd), "--out", str(out), "--reps", "20"]) == 0
+    (means,) = json.loads((out / "report.json").read_text())["mechanism_switches"].values()
+    logged = [e.value for s in (0, 1) for e in acc.Scalars(f"seed{s}/spectral/critic/layer1/sigma_max")
+              if e.step in (10, 20)]
+    assert len(logged) == 4 and means["sigma_max/critic/1"] == pytest.approx(np.mean(logged))
+
+
 def test_a_sequences_start_line_lists_its_stages():
     from pathlib import Path
 

@@ -18,6 +18,9 @@ CONFIG_FILE = "config.yaml"
 CHECKPOINT = Path("checkpoints") / "latest.pt"
 SUMMARY = "summary.json"
 EVALS = "evals.csv"
+#: what ``python -m sac_spectral.diagnose RUN --q-scale N --json RUN/mechanism.json`` writes: the report's mechanism
+#: section reads it (a run itself never writes it)
+MECHANISM = "mechanism.json"
 VIDEOS = "videos"
 #: the start of a TensorBoard event file's name
 EVENTS = "events.out.tfevents."

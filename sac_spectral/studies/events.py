@@ -1,6 +1,6 @@
-"""The last value of TensorBoard scalars in a run directory, per seed: what ``report --diagnostics``
-tabulates (a run logs a multi-seed run's seed ``i`` under ``seed<i>/<tag>`` and the mean under
-``<tag>``, a one-seed run under ``<tag>``)."""
+"""TensorBoard scalars of a run directory, per seed: what ``report --diagnostics`` and the report's
+mechanism section tabulate (a run logs a multi-seed run's seed ``i`` under ``seed<i>/<tag>`` and the
+mean under ``<tag>``, a one-seed run under ``<tag>``)."""
 
 from __future__ import annotations
 
@@ -12,27 +12,39 @@ from tensorboard.backend.event_processing.event_accumulator import SCALARS, Even
 
 
 @lru_cache(maxsize=256)
-def _scalars(run_dir: Path) -> dict[str, float]:
-    """Every scalar tag of ``run_dir``'s event files with its value at the largest step."""
+def _series(run_dir: Path) -> dict[str, dict[int, float]]:
+    """Every scalar tag of ``run_dir``'s event files: step → value (a step logged twice, by a resumed
+    run, keeps its latest write)."""
     acc = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0})
     acc.Reload()
-    return {tag: max(acc.Scalars(tag), key=lambda e: (e.step, e.wall_time)).value for tag in acc.Tags()[SCALARS]}
+    return {tag: {e.step: e.value for e in sorted(acc.Scalars(tag), key=lambda e: (e.step, e.wall_time))}
+            for tag in acc.Tags()[SCALARS]}
+
+
+def _seed_tag(logged: dict[str, dict[int, float]], tag: str, seed_index: int) -> str | None:
+    return next((name for name in (f"seed{seed_index}/{tag}", tag) if name in logged), None)
 
 
 def final_values(run_dir: Path, tags: Sequence[str], seed_index: int) -> dict[str, float]:
     """The last logged value of each of ``tags`` for seed ``seed_index`` of the run (tags it never
     logged are left out)."""
-    logged = _scalars(Path(run_dir).resolve())
+    logged = _series(Path(run_dir).resolve())
     out = {}
     for tag in tags:
-        for name in (f"seed{seed_index}/{tag}", tag):
-            if name in logged:
-                out[tag] = logged[name]
-                break
+        name = _seed_tag(logged, tag, seed_index)
+        if name is not None:
+            out[tag] = logged[name][max(logged[name])]
     return out
+
+
+def series(run_dir: Path, tag: str, seed_index: int) -> dict[int, float]:
+    """Seed ``seed_index``'s values of ``tag``, step → value (empty if the run never logged it)."""
+    logged = _series(Path(run_dir).resolve())
+    name = _seed_tag(logged, tag, seed_index)
+    return dict(logged[name]) if name is not None else {}
 
 
 def logged_tags(run_dir: Path) -> list[str]:
     """The scalar tags of a run, per-seed prefixes dropped."""
     return sorted({t.split("/", 1)[1] if t.startswith("seed") and t.split("/", 1)[0][4:].isdigit() else t
-                   for t in _scalars(Path(run_dir).resolve())})
+                   for t in _series(Path(run_dir).resolve())})

@@ -28,6 +28,7 @@ import numpy as np
 from sac_spectral.core.config import ConfigError
 from sac_spectral.runs.kinds import RunKind
 from sac_spectral.runs.layout import CONFIG_FILE
+from sac_spectral.studies import mechanism
 from sac_spectral.studies.figures import METRICS, PAIR, figures, method_colors, padded
 from sac_spectral.studies.results import (
     Aligned,
@@ -363,6 +364,8 @@ def write_report(study: Study, al: Aligned, st: dict[str, Any], out: Path, basel
         lines += continual_section(seqs, lambda scores, func: interval_estimates(scores, func, reps, seed), data,
                                    reference)
         lines += switch_section(study, data)
+        lines += mechanism.switch_section(study, data)
+    lines += mechanism.value_section(study, seqs or Sequences(), data)
     if diagnostics:
         lines += _diagnostics_section(study, diagnostics, reps, seed, data, notes)
     lines += ["", "## What was cut or missing", ""]

@@ -94,16 +94,15 @@ def log_diagnostics(logger: RunLogger, agent: Agent, buffer: ReplayBuffer, cfg: 
                     step: int, prefix: str = "", logged: bool = False) -> dict[str, list[float]]:
     """Log gradient rank, spectra, features and dormant units on a probe batch of its own (under
     ``prefix`` + the usual tags; σ_max not where the training metrics were ``logged`` at this
-    step); returns the per-seed scalars."""
+    step, which hold it); returns every per-seed scalar, σ_max included."""
     batch, noise = probe_batch(agent, buffer, cfg.diagnostics.batch_size, seeds, agent.num_updates)
     out: dict[str, list[float]] = {}
     for net, report in agent_diagnostics(agent, batch, noise, cfg.diagnostics).items():
         for tag, value in report.scalars.items():
-            if logged and tag.startswith("spectral/") and tag.endswith("/sigma_max"):
-                continue  # logged with the training metrics at this step (one point per step)
             per_seed = agent.per_seed(net, value)
-            logger.per_seed(prefix + tag, per_seed, step)
             out[tag] = per_seed.reshape(-1).tolist()
+            if not (logged and tag.startswith("spectral/") and tag.endswith("/sigma_max")):
+                logger.per_seed(prefix + tag, per_seed, step)  # σ_max: one point per step
         for tag, values in report.histograms.items():
             logger.histograms(prefix + tag, values.reshape(len(seeds), -1), step)
     return out
