@@ -468,7 +468,7 @@ def test_the_report_tabulates_the_mechanism_at_the_switches_and_the_value_scale(
     q = {s: {e.step: e.value for e in acc.Scalars(f"seed{s}/q/mean")} for s in (0, 1)}
     assert scale["stage_q"] == pytest.approx([np.mean([q[s][end] for s in (0, 1)]) for end in (10, 20, 30)])
     values = json.loads((rd / MECHANISM).read_text())["values"]
-    assert scale["bias"] == pytest.approx(values["q_scale/normalized_bias"])
+    assert scale["bias"] == pytest.approx(values["q_scale/normalized_bias"]) and scale["stage_bias"] == []
     text = (out / "report.md").read_text()
     assert "## Mechanism at the task switches" in text and "## The value scale" in text
     # a run whose switches did not record σ_max: the values its training metrics logged at the switch
@@ -481,6 +481,42 @@ def test_the_report_tabulates_the_mechanism_at_the_switches_and_the_value_scale(
     logged = [e.value for s in (0, 1) for e in acc.Scalars(f"seed{s}/spectral/critic/layer1/sigma_max")
               if e.step in (10, 20)]
     assert len(logged) == 4 and means["sigma_max/critic/1"] == pytest.approx(np.mean(logged))
+
+
+def test_a_run_measures_the_value_scale_at_every_switch_and_at_its_end_without_changing_its_training(tmp_path):
+    """``diagnostics.q_scale``: per seed, at each switch (``switch/q_scale/…``, the switch's record) and
+    at the end (``q_scale/…``, ``summary.json``); the run's evaluations are those of the same run
+    without it, and the report's per-stage normalized bias is the median over seeds."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sac_spectral.studies.report import main as report_main
+
+    args = TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "cycles=3", "steps_per_task=10",
+                   "num_seeds=2", "eval_every=5"]
+    measured, plain = tmp_path / "measured", tmp_path / "plain"
+    assert run(args + ["diagnostics.q_scale=1", f"run_dir={measured}"]) == 0
+    assert run(args + [f"run_dir={plain}"]) == 0
+    assert [r["return"] for r in read_evals(measured)] == pytest.approx([r["return"] for r in read_evals(plain)],
+                                                                       rel=1e-6)
+    summary = json.loads((measured / "summary.json").read_text())
+    acc = EventAccumulator(str(measured))
+    acc.Reload()
+    for switch in summary["continual"]["switches"]:
+        for key in ("q_mean", "mc_return", "normalized_bias"):
+            logged = [acc.Scalars(f"seed{s}/switch/q_scale/{key}") for s in (0, 1)]
+            at = [next(e.value for e in series if e.step == switch["step"]) for series in logged]
+            assert switch["q_scale"][f"q_scale/{key}"] == pytest.approx(at, rel=1e-6)
+    end = summary["q_scale"]
+    assert all(np.isfinite(end[f"q_scale/{k}"]).all() and len(end[f"q_scale/{k}"]) == 2
+               for k in ("q_mean", "mc_return", "normalized_bias"))
+    assert [e.step for e in acc.Scalars("seed0/q_scale/q_mean")] == [30]
+    assert "q_scale" not in json.loads((plain / "summary.json").read_text())["continual"]["switches"][0]
+    out = tmp_path / "report"
+    assert report_main([str(measured), "--out", str(out), "--reps", "20"]) == 0
+    (scale,) = json.loads((out / "report.json").read_text())["value_scale"].values()
+    at_switches = [np.median(s["q_scale"]["q_scale/normalized_bias"]) for s in summary["continual"]["switches"]]
+    assert scale["stage_bias"] == pytest.approx(at_switches + [np.median(end["q_scale/normalized_bias"])])
+    assert scale["bias"] == pytest.approx(end["q_scale/normalized_bias"])
 
 
 def test_a_sequences_start_line_lists_its_stages():

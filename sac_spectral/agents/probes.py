@@ -51,11 +51,15 @@ class DiagnosticsConfig:
     per_layer: bool = option(True, "also log the gradient rank of every layer")
     histograms: bool = option(True, "singular-value histograms under spectra/")
     method: str = option("auto", f"per-example gradient Gram: {' | '.join(METHODS)}")
+    q_scale: int = option(0, "episodes per seed of the value scale (the critics' mean Q on the policy's evaluation "
+                             "states against their discounted Monte-Carlo return) at every task switch and at the "
+                             "end of the run (0 = off)")
 
     def validate(self) -> None:
         check(self.every >= 0, "every", f"must be >= 0 (0 = off), got {self.every}")
         check(self.batch_size >= 2, "batch_size", f"must be >= 2, got {self.batch_size}")
         at_least(self, 0, "tau")
+        check(self.q_scale >= 0, "q_scale", f"must be >= 0 episodes (0 = off), got {self.q_scale}")
         check(0 < self.rtol < 1, "rtol", f"must be in (0, 1), got {self.rtol}")
         check(self.method in METHODS, "method", f"'{self.method}' is not one of {', '.join(METHODS)}")
 

@@ -5,10 +5,11 @@
   critic's feature stable rank and norm, the dormant fractions and every layer's σ_max.
 - **The value scale**: the critics' mean Q on their training batches (TensorBoard's ``q/mean``) at
   the end of each stage (the run's last logged value where there are no stages), and, where the run
-  directory holds :data:`~sac_spectral.runs.layout.MECHANISM` (``python -m sac_spectral.diagnose RUN
-  --q-scale EPISODES --json RUN/mechanism.json``), the critics' mean Q on the policy's own
-  evaluation states against the discounted Monte-Carlo return of the same episodes, and the
-  normalized bias ``(Q − G)/G`` (median and range over seeds).
+  measured it (``diagnostics.q_scale``: ``summary.json``) or its directory holds
+  :data:`~sac_spectral.runs.layout.MECHANISM` (``python -m sac_spectral.diagnose RUN --q-scale
+  EPISODES --json RUN/mechanism.json``), the critics' mean Q on the policy's own evaluation states
+  against the discounted Monte-Carlo return of the same episodes, and the normalized bias
+  ``(Q − G)/G`` (median and range over seeds), at the end and, where measured, at each switch.
 """
 
 from __future__ import annotations
@@ -120,25 +121,40 @@ def stage_q(run: Path, seed_index: int, ends: list[int]) -> list[float | None]:
     return out
 
 
+def _end_q_scale(run: Path, summary: dict[str, Any]) -> dict[str, list[float]]:
+    """The run's value scale at its end: ``summary.json``'s (``diagnostics.q_scale``), else its
+    :data:`~sac_spectral.runs.layout.MECHANISM` file's, else nothing."""
+    if summary.get("q_scale"):
+        return summary["q_scale"]
+    return read_mapping(run / MECHANISM).get("values", {}) if (run / MECHANISM).is_file() else {}
+
+
 def value_scale(study: Study, seqs: Sequences) -> dict[str, dict[str, Any]]:
-    """Per method: ``stage_q`` (the mean over seeds of :func:`stage_q`) and, from the runs'
-    :data:`~sac_spectral.runs.layout.MECHANISM` files, per seed ``q``, ``mc_return`` and ``bias``."""
+    """Per method: ``stage_q`` (the mean over seeds of :func:`stage_q`); per seed, the value scale at
+    the end (:func:`_end_q_scale`) as ``q``, ``mc_return`` and ``bias``; and ``stage_bias``, the median
+    over seeds of the normalized bias at each switch (where the runs measured it there) and at the end."""
     ends = [(i + 1) * seqs.steps_per_task for i in range(len(seqs.stages))] if seqs.stages and not seqs.mixed else []
     out: dict[str, dict[str, Any]] = {}
     for method, runs in _runs(study).items():
         per_seed: list[list[float | None]] = []
         q_scale: dict[str, list[float]] = {"q": [], "mc_return": [], "bias": []}
+        at_switch: dict[int, list[float]] = {}
         for run in runs:
-            per_seed += [stage_q(run, i, ends) for i in _seed_indices(run, _summary(run))]
-            if (run / MECHANISM).is_file():
-                values = read_mapping(run / MECHANISM).get("values", {})
-                for key, name in (("q_scale/q_mean", "q"), ("q_scale/mc_return", "mc_return"),
-                                  ("q_scale/normalized_bias", "bias")):
-                    q_scale[name] += values.get(key, [])
+            summary = _summary(run)
+            per_seed += [stage_q(run, i, ends) for i in _seed_indices(run, summary)]
+            end = _end_q_scale(run, summary)
+            for key, name in (("q_scale/q_mean", "q"), ("q_scale/mc_return", "mc_return"),
+                              ("q_scale/normalized_bias", "bias")):
+                q_scale[name] += end.get(key, [])
+            for switch in (summary.get("continual") or {}).get("switches", []):
+                if switch.get("q_scale"):
+                    at_switch.setdefault(int(switch["stage"]), []).extend(switch["q_scale"]["q_scale/normalized_bias"])
         stage = [float(np.mean(v)) if (v := [q[i] for q in per_seed if q[i] is not None]) else None
                  for i in range(max(map(len, per_seed), default=0))]
+        biases = [float(np.median(at_switch[k])) for k in sorted(at_switch)]
         if any(v is not None for v in stage) or q_scale["q"]:
-            out[method] = {"stage_q": stage, **q_scale}
+            out[method] = {"stage_q": stage, **q_scale,
+                           "stage_bias": biases + [float(np.median(q_scale["bias"]))] if biases else []}
     return out
 
 
@@ -155,6 +171,10 @@ def value_section(study: Study, seqs: Sequences, data: dict[str, Any]) -> list[s
              "on the policy's evaluation states against the discounted Monte-Carlo return G of the same states.", "",
              f"| method | {q_col} | Q on the policy's states | G | (Q − G) / G, median (range) |",
              "|---|---|---|---|---|"]
+    staged_bias = any(s["stage_bias"] for s in scale.values())
+    if staged_bias:
+        lines[-2] = lines[-2][:-1] + " (Q − G) / G at the end of each stage, median |"
+        lines[-1] += "---|"
     for method, s in scale.items():
         stage = " / ".join("—" if v is None else f"{v:.0f}" for v in s["stage_q"]) or "—"
         if s["q"]:
@@ -163,6 +183,8 @@ def value_section(study: Study, seqs: Sequences, data: dict[str, Any]) -> list[s
                     f"({min(bias):+.2f} … {max(bias):+.2f})")
         else:
             tail = "— | — | —"
+        if staged_bias:
+            tail += " | " + (" / ".join(f"{v:+.2f}" for v in s["stage_bias"]) or "—")
         lines.append(f"| {method} | {stage} | {tail} |")
     data["value_scale"] = scale
     return lines

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from sac_spectral.agents import Agent, ReplayBuffer, build_agent
@@ -31,11 +30,11 @@ from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.apps.rl.policy import load_policy
 from sac_spectral.apps.rl.run import check_format
+from sac_spectral.apps.rl.value_scale import agent_q_scale
 from sac_spectral.core.config import ConfigError, merge_sources, one_line, read_yaml
 from sac_spectral.core.seeding import SeedStreams
 from sac_spectral.core.threads import check_threads
 from sac_spectral.diagnostics import Report
-from sac_spectral.envs.evaluate import q_scale
 from sac_spectral.runs.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -153,29 +152,14 @@ def plot(reports: dict[str, Report], path: Path) -> None:
 
 
 def q_scale_values(run_dir: Path, cfg: TrainConfig, agent: Agent, episodes: int) -> dict[str, list[float]]:
-    """``q_scale/<name>`` per seed (:func:`~sac_spectral.envs.evaluate.q_scale`) over ``episodes``
-    deterministic episodes per seed, on evaluation envs made as the run's evaluation makes them."""
-    critic, q_values = getattr(agent, "critic", None), getattr(agent, "q_values", None)
-    if critic is None or q_values is None:
-        raise ConfigError(f"--q-scale needs an agent with a critic and q_values; agent '{cfg.agent}' has none")
-    seeds = [cfg.seed + i for i in range(cfg.num_seeds)]
+    """:func:`~sac_spectral.apps.rl.value_scale.agent_q_scale` over ``episodes`` deterministic episodes
+    per seed, on evaluation envs made as the run's evaluation makes them."""
     envs = [load_policy(run_dir, i).make_env() for i in range(cfg.num_seeds)]
-
-    def policy(obs: np.ndarray) -> np.ndarray:
-        return agent.act(torch.as_tensor(obs, dtype=torch.float32), deterministic=True).numpy()
-
-    @torch.inference_mode()
-    def q_fn(obs: np.ndarray, action: np.ndarray) -> np.ndarray:
-        o = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(1)
-        a = torch.as_tensor(action, dtype=torch.float32).unsqueeze(1)
-        return q_values(critic, o, a).mean(dim=(1, 2)).numpy()
-
     try:
-        values = q_scale(policy, q_fn, envs, seeds, "q_scale", episodes, cfg.gamma)
+        return agent_q_scale(agent, envs, [cfg.seed + i for i in range(cfg.num_seeds)], "q_scale", episodes, cfg.gamma)
     finally:
         for env in envs:
             env.close()
-    return {f"q_scale/{key}": value.tolist() for key, value in values.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -157,6 +157,8 @@ class RLRun:
         self.evals: list[dict[str, Any]] = []
         self.random_return: list[float] | None = None
         self.priming_report: dict[str, dict[str, list[float]]] = {}
+        #: the value scale at the end of the run (``diagnostics.q_scale``), per seed
+        self.q_scale_end: dict[str, list[float]] | None = None
         self.wall_time = 0.0
         self.last_info: dict[str, torch.Tensor] = {}
         self.update_metrics: dict[str, torch.Tensor] = {}  # of the last update before a log (PlasticityProbes)

@@ -24,6 +24,7 @@ from sac_spectral.apps.rl.compile_choice import remember_compiled
 from sac_spectral.apps.rl.config import TrainConfig
 from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
+from sac_spectral.apps.rl.value_scale import agent_q_scale
 from sac_spectral.core.config import to_dict
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
@@ -143,6 +144,7 @@ def summary(t: Trainer) -> dict[str, Any]:
                      for s, f, b, r in zip(t.seeds, finals, best, randoms)],
         "eval_history": t.evals,
         "priming": t.priming_report,
+        "q_scale": t.q_scale_end,
         **({"continual": continual} if continual is not None else {}),
     }
 
@@ -189,6 +191,8 @@ class Trainer(RLRun):
             run.after(self.step)
         if self.cfg.compile is True and self.agent.num_updates > 0:
             remember_compiled(self.compile_key)
+        if self.cfg.diagnostics.q_scale:
+            self.q_scale_end = self.value_scale(self.stage().task, "")
 
     def schedule(self) -> Schedule:
         """The periodic work after each env step, in its order, and when to checkpoint."""
@@ -273,6 +277,8 @@ class Trainer(RLRun):
         record: dict[str, Any] = {"step": self.step, "stage": ended.index, "task": ended.spec.name}
         if self.cfg.diagnostics.every:
             record["diagnostics"] = self.diagnose("switch/")
+        if self.cfg.diagnostics.q_scale:
+            record["q_scale"] = self.value_scale(ended.task, "switch/")
         self.switches.append(record)
         self.buffer.end_episodes()  # the pool starts new ones below
         if sw.buffer == "clear":
@@ -348,6 +354,16 @@ class Trainer(RLRun):
         """:func:`log_diagnostics` of the agent now."""
         return log_diagnostics(self.logger, self.agent, self.buffer, self.cfg, self.seeds, self.step, prefix,
                                logged=self.logged_step == self.step)
+
+    def value_scale(self, task: int, prefix: str) -> dict[str, list[float]]:
+        """:func:`~sac_spectral.apps.rl.value_scale.agent_q_scale` of the agent now on task ``task``'s
+        evaluation envs (``diagnostics.q_scale`` episodes per seed), logged under ``prefix``."""
+        with self.simulating(self.sequence.latest(task, max(self.step - 1, 0))):
+            values = agent_q_scale(self.agent, self.eval_envs_of(task), self.seeds, f"q_scale/{self.step}",
+                                   self.cfg.diagnostics.q_scale, self.cfg.gamma)
+        for tag, per_seed in values.items():
+            self.logger.per_seed(prefix + tag, per_seed, self.step)
+        return values
 
     # ----------------------------------------------------------------------------- the end
     def summary(self) -> dict[str, Any]:
