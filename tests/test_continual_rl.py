@@ -410,15 +410,20 @@ def test_play_replays_the_last_evaluation_in_the_stage_it_ended(tmp_path, capsys
 
 
 def test_the_report_tabulates_forgetting_and_plasticity_and_correlates_the_switch_diagnostics(tmp_path, capsys):
+    """The correlation pairs each measure at a switch with the next stage's return over the runs
+    that keep their networks there: a run whose switches re-draw them adds no pairs."""
     from sac_spectral.studies.report import main as report_main
 
-    rd = tmp_path / "run"
-    assert run(TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "cycles=3", "steps_per_task=10",
-                       "num_seeds=2", "eval_every=5", "diagnostics.every=1000", "diagnostics.batch_size=16",
-                       f"run_dir={rd}"]) == 0
+    rd, redrawn = tmp_path / "run", tmp_path / "redrawn"
+    args = TINY + ["tasks=[{env: dmc:cartpole-swingup, permute_obs: true}]", "cycles=3", "steps_per_task=10",
+                   "num_seeds=2", "eval_every=5", "diagnostics.every=1000", "diagnostics.batch_size=16"]
+    assert run(args + [f"run_dir={rd}"]) == 0
+    assert run(args + ["on_switch.reset=all", f"run_dir={redrawn}"]) == 0
     summary = json.loads((rd / "summary.json").read_text())["continual"]
     assert [len(s["diagnostics"]["grad_rank/critic/erank"]) for s in summary["switches"]] == [2, 2]
     out = tmp_path / "report"
+    assert report_main([str(tmp_path / "redrawn"), "--out", str(tmp_path / "report_redrawn"), "--reps", "50"]) == 0
+    assert "switch_correlation" not in json.loads((tmp_path / "report_redrawn" / "report.json").read_text())
     assert report_main([str(rd), "--out", str(out), "--reps", "50"]) == 0
     data = json.loads((out / "report.json").read_text())
     (method, row), = data["continual"].items()
@@ -469,6 +474,7 @@ def test_the_report_tabulates_the_mechanism_at_the_switches_and_the_value_scale(
     assert scale["stage_q"] == pytest.approx([np.mean([q[s][end] for s in (0, 1)]) for end in (10, 20, 30)])
     values = json.loads((rd / MECHANISM).read_text())["values"]
     assert scale["bias"] == pytest.approx(values["q_scale/normalized_bias"]) and scale["stage_bias"] == []
+    assert data["switch_correlation"]["q/mean"]["n"] == 4  # the critics' Q at 2 switches × 2 seeds
     text = (out / "report.md").read_text()
     assert "## Mechanism at the task switches" in text and "## The value scale" in text
     # a run whose switches did not record σ_max: the values its training metrics logged at the switch

@@ -44,6 +44,14 @@ def series(run_dir: Path, tag: str, seed_index: int) -> dict[int, float]:
     return dict(logged[name]) if name is not None else {}
 
 
+def last_in(run_dir: Path, tag: str, seed_index: int, start: int, end: int) -> float | None:
+    """Seed ``seed_index``'s last value of ``tag`` logged after step ``start`` and at or before
+    ``end`` (None if there is none)."""
+    logged = series(run_dir, tag, seed_index)
+    steps = [s for s in logged if start < s <= end]
+    return logged[max(steps)] if steps else None
+
+
 def logged_tags(run_dir: Path) -> list[str]:
     """The scalar tags of a run, per-seed prefixes dropped."""
     return sorted({t.split("/", 1)[1] if t.startswith("seed") and t.split("/", 1)[0][4:].isdigit() else t

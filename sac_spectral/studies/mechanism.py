@@ -109,16 +109,12 @@ def _seed_indices(run: Path, summary: dict[str, Any]) -> list[int]:
 def stage_q(run: Path, seed_index: int, ends: list[int]) -> list[float | None]:
     """Seed ``seed_index``'s ``q/mean`` at each stage end of ``ends`` (the last value logged after
     the previous end and at or before this one; the last value of the run where ``ends`` is empty)."""
-    from sac_spectral.studies.events import series
+    from sac_spectral.studies.events import last_in, series
 
-    logged = series(run, "q/mean", seed_index)
     if not ends:
+        logged = series(run, "q/mean", seed_index)
         return [logged[max(logged)]] if logged else [None]
-    out: list[float | None] = []
-    for start, end in zip([0, *ends[:-1]], ends):
-        steps = [s for s in logged if start < s <= end]
-        out.append(logged[max(steps)] if steps else None)
-    return out
+    return [last_in(run, "q/mean", seed_index, start, end) for start, end in zip([0, *ends[:-1]], ends)]
 
 
 def _end_q_scale(run: Path, summary: dict[str, Any]) -> dict[str, list[float]]:

@@ -161,25 +161,42 @@ def continual_section(seqs: Sequences, estimate: Estimate, data: dict[str, Any],
     return lines
 
 
+def _at_switch(run: Path, switch: dict[str, Any], previous: int, seeds: int) -> dict[str, list[float]]:
+    """What a switch recorded of the agent as the stage left it: the headline diagnostics, the
+    critics' ``q/mean`` last logged in the stage and, where measured, the normalized value bias."""
+    from sac_spectral.studies.events import last_in
+
+    values = headline_diagnostics(switch.get("diagnostics") or {})
+    q = [last_in(run, "q/mean", i, previous, int(switch["step"])) for i in range(seeds)]
+    if all(v is not None for v in q):
+        values["q/mean"] = q
+    if switch.get("q_scale"):
+        values["q_scale/normalized_bias"] = switch["q_scale"]["q_scale/normalized_bias"]
+    return values
+
+
 def switch_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]]:
-    """Per diagnostic (:func:`~sac_spectral.studies.results.headline_diagnostics`), the pairs (its
-    value at a switch, the next stage's return at that stage's end, scaled) over every seed and
-    switch of every sequence run that logged diagnostics at its switches."""
+    """Per measure at a switch (:func:`_at_switch`), the pairs (its value at the switch, the next
+    stage's return at that stage's end, scaled) over every seed and switch of every sequence run
+    whose switches keep its networks (``on_switch.reset: none``: a switch that re-draws them
+    discards the networks its measures describe)."""
     out: dict[str, tuple[list[float], list[float]]] = {}
     for run in dict.fromkeys(c.run for c in study.curves):
         summary = read_mapping(run / SUMMARY) if (run / SUMMARY).is_file() else {}
-        seq = summary.get("continual")
-        if not seq:
+        seq, config = summary.get("continual"), read_mapping(run / CONFIG_FILE)
+        if not seq or (config.get("on_switch") or {}).get("reset", "none") != "none":
             continue
-        scale = study.kind.scale(read_mapping(run / CONFIG_FILE)) or 1.0
+        scale = study.kind.scale(config) or 1.0
         ends = {(r["task"], int(r["seed"]), int(r[study.kind.x])): float(r[study.kind.score]) / scale
                 for r in read_evals(run) if r.get(study.kind.score) is not None}
+        previous = 0
         for switch in seq.get("switches", []):
             stage = int(switch["stage"]) + 1
-            if not switch.get("diagnostics") or stage >= len(seq["stages"]):
+            at, previous = _at_switch(run, switch, previous, len(summary["seeds"])), int(switch["step"])
+            if stage >= len(seq["stages"]):
                 continue
             end = (stage + 1) * int(seq["steps_per_task"])
-            for key, values in headline_diagnostics(switch["diagnostics"]).items():
+            for key, values in at.items():
                 for seed, value in zip(summary["seeds"], values):
                     y = ends.get((seq["stages"][stage], int(seed), end))
                     if y is not None and np.isfinite(value):
@@ -193,7 +210,8 @@ def switch_section(study: Study, data: dict[str, Any]) -> list[str]:
     """Spearman's rank correlation of each diagnostic at a switch with the next stage's return."""
     lines, data["switch_correlation"] = correlation_table(
         switch_predictors(study), "Rank correlation of each diagnostic at a task switch with the return the next stage "
-        "reaches at its end (Spearman, every seed and switch of every sequence run):", "seed-switches", "n")
+        "reaches at its end (Spearman, every seed and switch of every sequence run that keeps its networks at a "
+        "switch, `on_switch.reset: none`):", "seed-switches", "n")
     if not lines:
         del data["switch_correlation"]
     return lines
