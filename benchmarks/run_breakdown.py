@@ -31,6 +31,7 @@ from typing import Any  # noqa: E402
 import sac_spectral  # noqa: E402,F401  (before torch: OpenMP settings, as the CLI)
 from sac_spectral.agents import SAC  # noqa: E402
 from sac_spectral.apps.rl import train  # noqa: E402
+from sac_spectral.apps.rl.evaluation import Evaluation  # noqa: E402
 from sac_spectral.envs import EnvPool  # noqa: E402
 from sac_spectral.runs.run import Run  # noqa: E402
 
@@ -45,7 +46,7 @@ TIMED: dict[str, tuple[type, str]] = {
     "acting (Trainer._act)": (train.Trainer, "_act"),
     "env steps (EnvPool.step)": (EnvPool, "step"),
     "diagnostics": (train.Trainer, "diagnose"),
-    "evaluations": (train.Trainer, "_evaluate"),
+    "evaluations": (Evaluation, "returns"),
     "logging, checkpoints (periodic)": (Run, "after"),
 }
 

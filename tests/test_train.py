@@ -272,7 +272,7 @@ def test_training_rates_leave_out_evaluation_time(tmp_path, monkeypatch):
     updates/s are those of the milliseconds: evaluations do not count as training time."""
     import types
 
-    from sac_spectral.apps.rl import train
+    from sac_spectral.apps.rl import evaluation, train
 
     clock = [0.0]
 
@@ -284,9 +284,9 @@ def test_training_rates_leave_out_evaluation_time(tmp_path, monkeypatch):
         clock[0] += 3600.0
         return evaluate(*args)
 
-    evaluate = train.evaluate
+    evaluate = evaluation.evaluate
     monkeypatch.setattr(train, "time", types.SimpleNamespace(perf_counter=perf_counter))
-    monkeypatch.setattr(train, "evaluate", slow_evaluate)
+    monkeypatch.setattr(evaluation, "evaluate", slow_evaluate)
     rd = tmp_path / "run"
     assert run(TINY + ["total_steps=200", "log_every=100", f"run_dir={rd}"]) == 0
     rates = [e.value for e in _scalars(rd, "perf/updates_per_s")]

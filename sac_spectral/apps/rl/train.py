@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -22,18 +23,14 @@ from sac_spectral.agents import Agent, ReplayBuffer
 from sac_spectral.agents.probes import DiagnosticsConfig, agent_diagnostics, probe_batch
 from sac_spectral.apps.rl.compile_choice import remember_compiled
 from sac_spectral.apps.rl.config import TrainConfig
+from sac_spectral.apps.rl.evaluation import Evaluation
 from sac_spectral.apps.rl.kind import KIND
 from sac_spectral.apps.rl.run import CHECKPOINT_FORMAT, RLRun, check_format
-from sac_spectral.apps.rl.value_scale import agent_q_scale
 from sac_spectral.core.config import to_dict
 from sac_spectral.core.seeding import derive_seed
 from sac_spectral.diagnostics import layer_sigma_max
-from sac_spectral.envs.evaluate import eval_seed, evaluate
-from sac_spectral.runs.evals import append_rows
-from sac_spectral.runs.layout import EVALS
 from sac_spectral.runs.logger import RunLogger, tensor_is_finite
 from sac_spectral.runs.run import NonFinite, Run, Schedule, every
-from sac_spectral.runs.video import frame_schedule, record_episode, video_suffix
 
 __all__ = ["CHECKPOINT_FORMAT", "RESUMABLE_KEYS", "TrainConfig", "Trainer", "check_format", "main"]
 
@@ -158,14 +155,19 @@ class Trainer(RLRun):
     checkpoint.
     """
 
+    @cached_property
+    def evaluation(self) -> Evaluation:
+        """The run's evaluations, videos and value scale."""
+        return Evaluation(self)
+
     # ----------------------------------------------------------------------------- the loop
     def train(self, run: Run) -> None:
         """Act, step the envs, store, learn, and the periodic work, until ``total_steps``."""
         for warning in self.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         if self.random_return is None:
-            self.random_return = self._evaluate(random_policy(self.seeds, self.pool.act_dim), "random_policy",
-                                                self.stage().task).tolist()
+            self.random_return = self.evaluation.returns(random_policy(self.seeds, self.pool.act_dim),
+                                                         "random_policy", self.stage().task).tolist()
             self.logger.per_seed("eval/random_policy_return", self.random_return, 0)
         self.rates = {"bar": Rates(self.step, self.agent.num_updates), "log": Rates(self.step, self.agent.num_updates)}
         self.logged_step, self.logged_updates = -1, self.agent.num_updates
@@ -192,7 +194,7 @@ class Trainer(RLRun):
         if self.cfg.compile is True and self.agent.num_updates > 0:
             remember_compiled(self.compile_key)
         if self.cfg.diagnostics.q_scale:
-            self.q_scale_end = self.value_scale(self.stage().task, "")
+            self.q_scale_end = self.evaluation.value_scale(self.stage().task, "")
 
     def schedule(self) -> Schedule:
         """The periodic work after each env step, in its order, and when to checkpoint."""
@@ -203,9 +205,9 @@ class Trainer(RLRun):
                 ("diagnose", self._diagnosis_due, self._untimed(self._diagnose_now)),
                 ("evaluate",
                  lambda step: every(cfg.eval_every, end=cfg.total_steps)(step) or self.sequence.is_switch(step),
-                 self._untimed(self._eval_and_log)),
+                 self._untimed(self.evaluation.run)),
                 ("video", every(cfg.video_every, end=cfg.total_steps if cfg.video_every else None),
-                 self._untimed(self._video)),
+                 self._untimed(self.evaluation.video)),
                 ("reset", lambda step: step < cfg.total_steps and self._reset_due(), self._reset),
                 ("switch", self.sequence.is_switch, self._switch),
                 ("threads", lambda step: self.thread_watch is not None and self.thread_watch.due(), self._rethread),
@@ -238,38 +240,6 @@ class Trainer(RLRun):
         self.agent.reset(self.cfg.resets.layers(), self.cfg.resets.networks or None)
         self.last_reset = self.step
 
-    # ----------------------------------------------------------------------------- evaluation
-    def _evaluate(self, policy: Callable[[np.ndarray], np.ndarray], step: int | str, task: int) -> np.ndarray:
-        """Mean return per seed of ``policy`` on task ``task`` (:meth:`eval_envs_of`)."""
-        with self.simulating(self.sequence.latest(task, max(self.step - 1, 0))):
-            return evaluate(policy, self.eval_envs_of(task), self.seeds, step, self.cfg.eval_episodes)
-
-    def _policy(self, obs: np.ndarray) -> np.ndarray:
-        return self.agent.act(torch.as_tensor(obs, device=self.device), deterministic=True).cpu().numpy()
-
-    def _eval_and_log(self) -> None:
-        """The current task's evaluation; at a task switch and at the end of a sequence, every task's
-        (``eval/<task>/return``); ``eval/return`` is the current task's."""
-        stage, seq = self.stage(), self.sequence
-        every_task = bool(self.cfg.tasks) and (seq.is_switch(self.step) or self.step == self.cfg.total_steps)
-        rows, evals, warmup = [], [], self.warming_up(self.step)
-        for i in range(len(seq.tasks)) if every_task else [stage.task]:
-            name = seq.tasks[i].name
-            returns = self._evaluate(self._policy, self.step if i == stage.task else f"{self.step}/{name}", i)
-            evals.append({"step": self.step, "updates": self.agent.num_updates, "returns": returns.tolist(),
-                          "task": name, "stage": stage.index, "warmup": warmup})
-            rows += [{"step": self.step, "seed": s, "updates": self.agent.num_updates, "return": float(r),
-                      "episodes": self.cfg.eval_episodes, "wall_time_s": self.wall_time, "task": name,
-                      "stage": stage.index,
-                      "warmup": int(warmup)} for s, r in zip(self.seeds, returns)]
-            if self.cfg.tasks:
-                self.logger.per_seed(f"eval/{name}/return", returns.tolist(), self.step)
-            if i == stage.task:
-                self.logger.per_seed("eval/return", returns.tolist(), self.step)
-                self.postfix["eval"] = f"{float(returns.mean()):.1f}"
-        self.evals += evals
-        append_rows(self.logger.run_dir / EVALS, KIND.columns, rows)
-
     def _switch(self) -> None:
         """A task switch, after the ended stage's evaluations: diagnostics of the agent as the stage
         left it (``switch/…``, and in ``summary.json``), then ``on_switch``, then the next stage's envs."""
@@ -278,7 +248,7 @@ class Trainer(RLRun):
         if self.cfg.diagnostics.every:
             record["diagnostics"] = self.diagnose("switch/")
         if self.cfg.diagnostics.q_scale:
-            record["q_scale"] = self.value_scale(ended.task, "switch/")
+            record["q_scale"] = self.evaluation.value_scale(ended.task, "switch/")
         self.switches.append(record)
         self.buffer.end_episodes()  # the pool starts new ones below
         if sw.buffer == "clear":
@@ -291,16 +261,6 @@ class Trainer(RLRun):
         with self.simulating(self.sequence.stage_at(self.step)):
             self.pool.replace(self.stage_envs(self.sequence.stage_at(self.step)))
         self.logger.scalar("task/stage", self.sequence.stage_at(self.step).index, self.step)
-
-    def _video(self) -> None:
-        """Seed 0's first episode of the evaluation just played, as ``videos/step_<step>`` and under
-        TensorBoard's ``eval/video`` (at half the frame size)."""
-        env, members = self.eval_envs[0], len(self.seeds)
-        path = self.run_dir / "videos" / f"step_{self.step:08d}{video_suffix()}"
-        path.parent.mkdir(exist_ok=True)
-        frames = record_episode(lambda obs: self._policy(np.repeat(obs[None], members, axis=0))[0], env,
-                                eval_seed(self.seeds[0], self.step, 0), path)
-        self.logger.video("eval/video", frames[:, ::2, ::2], self.step, frame_schedule(env)[1])
 
     # ----------------------------------------------------------------------------- logging
     def _untimed(self, action: Callable[[], None]) -> Callable[[], None]:
@@ -354,16 +314,6 @@ class Trainer(RLRun):
         """:func:`log_diagnostics` of the agent now."""
         return log_diagnostics(self.logger, self.agent, self.buffer, self.cfg, self.seeds, self.step, prefix,
                                logged=self.logged_step == self.step)
-
-    def value_scale(self, task: int, prefix: str) -> dict[str, list[float]]:
-        """:func:`~sac_spectral.apps.rl.value_scale.agent_q_scale` of the agent now on task ``task``'s
-        evaluation envs (``diagnostics.q_scale`` episodes per seed), logged under ``prefix``."""
-        with self.simulating(self.sequence.latest(task, max(self.step - 1, 0))):
-            values = agent_q_scale(self.agent, self.eval_envs_of(task), self.seeds, f"q_scale/{self.step}",
-                                   self.cfg.diagnostics.q_scale, self.cfg.gamma)
-        for tag, per_seed in values.items():
-            self.logger.per_seed(prefix + tag, per_seed, self.step)
-        return values
 
     # ----------------------------------------------------------------------------- the end
     def summary(self) -> dict[str, Any]:
