@@ -58,3 +58,26 @@ def test_an_exact_critic_has_zero_bias_and_a_doubled_one_bias_one(length):
     doubled = q_scale(policy, lambda o, a: 2 * exact(o, a), envs, seeds, 0, 2, gamma)
     np.testing.assert_allclose(doubled["normalized_bias"], 1.0, rtol=1e-9)
     np.testing.assert_allclose(evaluate(policy, envs, seeds, 0, 2), [length, length])
+
+
+def test_an_agents_value_scale_is_in_reward_units_under_reward_scaling():
+    """A run that divides its rewards (``reward_scale: simbav2``) trains critics in divided units:
+    ``agent_q_scale`` multiplies each seed's Q by its current divisor, and the Monte-Carlo returns
+    (the env's own rewards) do not change."""
+    from conftest import reference_config
+    from sac_spectral.agents import build_agent
+    from sac_spectral.agents.reward_scale import RewardScale
+    from sac_spectral.apps.rl.value_scale import agent_q_scale
+    from sac_spectral.core.seeding import SeedStreams
+
+    agent = build_agent(1, 1, reference_config("sac", [8, 8], num_seeds=2), SeedStreams([0, 1]))
+    scale = RewardScale(2, 0.99)
+    for t in range(30):
+        scale.observe([1.0 + t, 3.0 * t], [t % 7 == 6, False])
+    envs = [Countdown(50), Countdown(50)]
+    plain = agent_q_scale(agent, envs, [0, 1], 0, 1, 0.99)
+    scaled = agent_q_scale(agent, envs, [0, 1], 0, 1, 0.99, scale)
+    divisor = scale.divisor().numpy()
+    assert (divisor > 1).all() and divisor[0] != pytest.approx(divisor[1])
+    np.testing.assert_allclose(scaled["q_scale/q_mean"], np.array(plain["q_scale/q_mean"]) * divisor, rtol=1e-6)
+    np.testing.assert_allclose(scaled["q_scale/mc_return"], plain["q_scale/mc_return"], rtol=1e-12)

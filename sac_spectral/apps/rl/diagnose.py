@@ -151,12 +151,15 @@ def plot(reports: dict[str, Report], path: Path) -> None:
     plt.close(fig)
 
 
-def q_scale_values(run_dir: Path, cfg: TrainConfig, agent: Agent, episodes: int) -> dict[str, list[float]]:
+def q_scale_values(run_dir: Path, cfg: TrainConfig, agent: Agent, buffer: ReplayBuffer,
+                   episodes: int) -> dict[str, list[float]]:
     """:func:`~sac_spectral.apps.rl.value_scale.agent_q_scale` over ``episodes`` deterministic episodes
-    per seed, on evaluation envs made as the run's evaluation makes them."""
+    per seed, on evaluation envs made as the run's evaluation makes them (Q in reward units by the
+    saved buffer's reward scale)."""
     envs = [load_policy(run_dir, i).make_env() for i in range(cfg.num_seeds)]
     try:
-        return agent_q_scale(agent, envs, [cfg.seed + i for i in range(cfg.num_seeds)], "q_scale", episodes, cfg.gamma)
+        return agent_q_scale(agent, envs, [cfg.seed + i for i in range(cfg.num_seeds)], "q_scale", episodes, cfg.gamma,
+                             buffer.reward_scale)
     finally:
         for env in envs:
             env.close()
@@ -205,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reports = agent_diagnostics(agent, batch, noise, dcfg)
     values = per_seed(agent, reports)
     if args.q_scale:
-        values.update(q_scale_values(Path(args.run_dir), cfg, agent, args.q_scale))
+        values.update(q_scale_values(Path(args.run_dir), cfg, agent, buffer, args.q_scale))
     print(f"{args.run_dir}: {updates} updates, probe batch of {batch['obs'].shape[1]} transitions, "
           f"dormant τ = {dcfg.tau}; one column per seed ({', '.join(map(str, seeds))})")
     print(format_table(values))

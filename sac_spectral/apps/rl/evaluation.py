@@ -77,7 +77,7 @@ class Evaluation:
         t = self.t
         with t.simulating(t.sequence.latest(task, max(t.step - 1, 0))):
             values = agent_q_scale(t.agent, t.eval_envs_of(task), t.seeds, f"q_scale/{t.step}",
-                                   t.cfg.diagnostics.q_scale, t.cfg.gamma)
+                                   t.cfg.diagnostics.q_scale, t.cfg.gamma, t.buffer.reward_scale)
         for tag, per_seed in values.items():
             t.logger.per_seed(prefix + tag, per_seed, t.step)
         return values
