@@ -99,3 +99,11 @@ def test_a_missing_peer_says_so_in_one_line_and_exits_non_zero(monkeypatch: pyte
         whole_run.main(vs_sbx.PEER, "test")
     assert isinstance(exit_.value.code, str) and "\n" not in exit_.value.code  # argparse-style: status 1
     assert exit_.value.code.startswith("sbx is not installed") and "sbx-rl" in exit_.value.code
+
+
+def test_first_line_times_a_run_to_its_config_line() -> None:
+    """``benchmarks.first_line`` reads a real run's first line: the config line, not an error."""
+    from benchmarks import first_line
+
+    seconds, line = first_line.first_line(["total_steps=10", "random_steps=5", "threads=1"])
+    assert seconds > 0 and line.startswith("config: sac | dmc:cheetah-run"), line
