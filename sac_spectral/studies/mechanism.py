@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from sac_spectral.runs.layout import CONFIG_FILE, MECHANISM, SUMMARY
-from sac_spectral.studies.results import Study, read_mapping
+from sac_spectral.runs.layout import CONFIG_FILE, MECHANISM
+from sac_spectral.studies.results import Study, read_mapping, read_summary
 from sac_spectral.studies.sequences import Sequences
 
 #: the switch diagnostics tabulated, with their column names ("%": shown as a percentage)
@@ -38,10 +38,6 @@ def _runs(study: Study) -> dict[str, list[Path]]:
     return out
 
 
-def _summary(run: Path) -> dict[str, Any]:
-    return read_mapping(run / SUMMARY) if (run / SUMMARY).is_file() else {}
-
-
 def switch_means(study: Study) -> dict[str, dict[str, float]]:
     """Per method, each switch diagnostic's mean over seeds and switches (σ_max per layer as
     ``sigma_max/<net>/<layer>``)."""
@@ -49,7 +45,7 @@ def switch_means(study: Study) -> dict[str, dict[str, float]]:
     for method, runs in _runs(study).items():
         pooled: dict[str, list[float]] = {}
         for run in runs:
-            summary = _summary(run)
+            summary = read_summary(run)
             for switch in (summary.get("continual") or {}).get("switches", []):
                 diagnostics = switch.get("diagnostics") or {}
                 if diagnostics and not any(map(_SIGMA.match, diagnostics)):
@@ -136,7 +132,7 @@ def value_scale(study: Study, seqs: Sequences) -> dict[str, dict[str, Any]]:
         q_scale: dict[str, list[float]] = {"q": [], "mc_return": [], "bias": []}
         at_switch: dict[int, list[float]] = {}
         for run in runs:
-            summary = _summary(run)
+            summary = read_summary(run)
             per_seed += [stage_q(run, i, ends) for i in _seed_indices(run, summary)]
             end = _end_q_scale(run, summary)
             for key, name in (("q_scale/q_mean", "q"), ("q_scale/mc_return", "mc_return"),
@@ -148,9 +144,10 @@ def value_scale(study: Study, seqs: Sequences) -> dict[str, dict[str, Any]]:
         stage = [float(np.mean(v)) if (v := [q[i] for q in per_seed if q[i] is not None]) else None
                  for i in range(max(map(len, per_seed), default=0))]
         biases = [float(np.median(at_switch[k])) for k in sorted(at_switch)]
+        if biases and q_scale["bias"]:
+            biases.append(float(np.median(q_scale["bias"])))
         if any(v is not None for v in stage) or q_scale["q"]:
-            out[method] = {"stage_q": stage, **q_scale,
-                           "stage_bias": biases + [float(np.median(q_scale["bias"]))] if biases else []}
+            out[method] = {"stage_q": stage, **q_scale, "stage_bias": biases}
     return out
 
 

@@ -64,6 +64,11 @@ def read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """A run's ``summary.json`` (empty where the run has not finished)."""
+    return read_mapping(run_dir / SUMMARY) if (run_dir / SUMMARY).is_file() else {}
+
+
 def _summary_rows(run_dir: Path, kind: RunKind) -> list[dict[str, Any]]:
     """The evaluations a run's ``summary.json`` records (for runs written before ``evals.csv``)."""
     path = run_dir / SUMMARY

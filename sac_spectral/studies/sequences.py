@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from sac_spectral.runs.evals import read_evals
-from sac_spectral.runs.layout import CONFIG_FILE, SUMMARY
+from sac_spectral.runs.layout import CONFIG_FILE
 from sac_spectral.studies.figures import Stages, mark_stages, stages_width
-from sac_spectral.studies.results import Study, correlation_table, headline_diagnostics, read_mapping
+from sac_spectral.studies.results import Study, correlation_table, headline_diagnostics, read_mapping, read_summary
 
 #: ``estimate(scores, func)``: point and 95 % interval per key of ``scores`` ([runs, 1] arrays)
 Estimate = Callable[[dict[str, np.ndarray], Callable[[np.ndarray], np.ndarray]], tuple[dict, dict]]
@@ -182,7 +182,7 @@ def switch_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]
     discards the networks its measures describe)."""
     out: dict[str, tuple[list[float], list[float]]] = {}
     for run in dict.fromkeys(c.run for c in study.curves):
-        summary = read_mapping(run / SUMMARY) if (run / SUMMARY).is_file() else {}
+        summary = read_summary(run)
         seq, config = summary.get("continual"), read_mapping(run / CONFIG_FILE)
         if not seq or (config.get("on_switch") or {}).get("reset", "none") != "none":
             continue
