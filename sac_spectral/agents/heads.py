@@ -105,13 +105,16 @@ class CategoricalHead:
         """The target distribution ``[N, B, K]``: atoms ``values [N, B, K]`` of mass ``weights``
         projected onto the support."""
         values, weights = full(values), full(weights)
-        b = ((values - self.v_min) / self.delta).clamp(0, self.width - 1).unsqueeze(-1)  # y clipped, in bins
+        b = ((values - self.v_min) / self.delta).clamp(0, self.width - 1)  # y clipped, in bins
+        if self.projection == "two_hot":  # φ is non-zero on two bins only: scatter, not a K × K kernel
+            lower = b.floor().clamp(max=self.width - 2)
+            frac = b - lower
+            index = lower.long()
+            m = weights.new_zeros(*weights.shape[:-1], self.width).scatter_add(-1, index, weights * (1 - frac))
+            return m.scatter_add(-1, index + 1, weights * frac)
         i = torch.arange(self.width, device=values.device, dtype=values.dtype)
-        if self.projection == "two_hot":
-            phi = (1 - (b - i).abs()).clamp(min=0)
-        else:
-            cdf = torch.erf((torch.cat([i, i[-1:] + 1]) - 0.5 - b) / (self.sigma * math.sqrt(2)))
-            phi = (cdf[..., 1:] - cdf[..., :-1]) / (cdf[..., -1:] - cdf[..., :1])
+        cdf = torch.erf((torch.cat([i, i[-1:] + 1]) - 0.5 - b.unsqueeze(-1)) / (self.sigma * math.sqrt(2)))
+        phi = (cdf[..., 1:] - cdf[..., :-1]) / (cdf[..., -1:] - cdf[..., :1])
         return (weights.unsqueeze(-1) * phi).sum(dim=-2)
 
     def losses(self, out: Tensor, target: Tensor) -> Tensor:
@@ -166,10 +169,11 @@ def head_width(cfg: Any) -> int:
 
 def loss_elements(cfg: Any) -> int:
     """Elements per example of the head's largest intermediates beyond the critic's outputs: the
-    quantile loss's ``K × C·K`` pairwise errors per critic (and their gradient), the categorical
-    projection's ``K × K`` kernel (0 for a scalar head)."""
+    quantile loss's ``K × C·K`` pairwise errors per critic (and their gradient), the HL-Gauss
+    projection's ``K × (K + 1)`` kernel, the two-hot projection's few ``K``-vectors (0 for a scalar
+    head)."""
     if cfg.head == "quantile":
         return 2 * cfg.num_critics * cfg.num_quantiles * cfg.num_critics * cfg.num_quantiles
     if cfg.head == "categorical":
-        return cfg.num_atoms * cfg.num_atoms
+        return cfg.num_atoms * (cfg.num_atoms + 1) if cfg.projection == "hl_gauss" else 4 * cfg.num_atoms
     return 0
