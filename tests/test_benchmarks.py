@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import vs_sb3, vs_sbx, whole_run
 from sac_spectral.apps.rl.config import TrainConfig
@@ -107,3 +108,15 @@ def test_first_line_times_a_run_to_its_config_line() -> None:
 
     seconds, line = first_line.first_line(["total_steps=10", "random_steps=5", "threads=1"])
     assert seconds > 0 and line.startswith("config: sac | dmc:cheetah-run"), line
+
+
+def test_agent_costs_arms_are_valid_configs_that_update() -> None:
+    """Every arm ``benchmarks.agent_costs`` times is a config the agents accept and one that trains."""
+    from benchmarks import agent_costs
+
+    for name, overrides in agent_costs.ARMS.items():
+        agent, buf = agent_costs.build(overrides, seeds=2, compiled=False, size=64)
+        before = [p.detach().clone() for p in agent.nets()["critic"].parameters()]
+        agent.train_steps(buf, 1, 32)
+        after = list(agent.nets()["critic"].parameters())
+        assert any(not torch.equal(a, b) for a, b in zip(before, after)), name
