@@ -240,9 +240,14 @@ class Engine(nn.Module):
         """The named noise of ``count`` updates on ``batch_size`` transitions, each ``[count, N,
         *shape]`` in :func:`row_major` strides: from each seed's ``sample`` stream, update after
         update, and within one the names of :attr:`draws` one after another."""
-        shapes = draw_shapes(self.draws, batch_size)
-        flat = self.streams.randn("sample", (count, draw_size(shapes)))
-        return {name: row_major(v.transpose(0, 1)) for name, v in split_draws(flat, shapes).items()}
+        shapes, gens = draw_shapes(self.draws, batch_size), self.streams["sample"]
+        noise = {name: torch.empty(count, len(gens), *shape, device=self.streams.device)
+                 for name, shape in shapes.items()}
+        for i, g in enumerate(gens):  # each seed's draws written straight into their row: one copy
+            flat = torch.randn((count, draw_size(shapes)), generator=g, device=g.device)
+            for name, part in split_draws(flat, shapes).items():
+                noise[name][:, i] = part
+        return noise
 
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int,
                     before_last: Callable[[], None] | None = None) -> Metrics:

@@ -53,12 +53,6 @@ class SeedStreams:
         """``[N, *shape]`` uniform [0, 1) draws, row ``i`` from seed ``i``'s stream."""
         return torch.stack([torch.rand(tuple(shape), generator=g, device=g.device) for g in self.gens[purpose]])
 
-    def randint(self, purpose: str, high: int, shape: Sequence[int]) -> torch.Tensor:
-        """``[N, *shape]`` integers in ``[0, high)``, row ``i`` from seed ``i``'s stream."""
-        return torch.stack(
-            [torch.randint(high, tuple(shape), generator=g, device=g.device) for g in self.gens[purpose]]
-        )
-
     def state_dict(self) -> dict[str, Any]:
         return {p: [g.get_state() for g in gens] for p, gens in self.gens.items()}
 
