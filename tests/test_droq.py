@@ -165,6 +165,22 @@ def test_each_seed_draws_the_masks_of_its_single_seed_run():
         torch.testing.assert_close(p, q[M:], msg=name)
 
 
+def test_the_actor_masks_are_drawn_only_for_the_updates_with_an_actor_step():
+    """At ``policy_delay: 2`` updates 2 and 4 step the actor: only their rows of ``dropout_actor`` hold
+    draws, taken from the seed's stream after the four updates' other draws, in the documented order."""
+    agent = DroQ(OBS, ACT, _config(), SeedStreams([3]))
+    noise = agent.draw_noise(4, B)
+    actor = noise["dropout_actor"]
+    assert torch.count_nonzero(actor[[0, 2]]) == 0
+    assert torch.count_nonzero(actor[[1, 3]]) == actor[[1, 3]].numel()
+    g = SeedStreams([3])["sample"][0]
+    every = {k: v for k, v in noise.items() if k != "dropout_actor"}
+    flat = torch.randn((4, sum(v[0, 0].numel() for v in every.values())), generator=g)
+    assert torch.equal(flat[:, -every["dropout_target"][0, 0].numel():],
+                       every["dropout_target"][:, 0].flatten(1))
+    assert torch.equal(torch.randn((2, *actor.shape[2:]), generator=g), actor[[1, 3], 0])
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("float64")
 def test_compiled_updates_equal_eager():

@@ -14,11 +14,11 @@ and temperature (:mod:`~sac_spectral.agents.networks`).
 Dropout is on wherever the authors' code forwards a critic in an update (its networks stay in train
 mode): the TD forward, the target's forward and the actor's Q, each with its own masks. Outside an
 update (:meth:`q_values`: Q-scale and feature diagnostics) the critic runs without dropout, as torch's
-eval mode; evaluation acts with the actor only. The masks are named noise: per update
-``dropout_q``, ``dropout_target`` and ``dropout_actor``, each one standard normal ``z`` per (batch
-row, critic, hidden unit) ``[B, M, Σ hidden]``; a unit is kept where ``Φ(z) ≥ p`` (probability
-``1 − p``) and scaled by ``1/(1 − p)``, so compiled updates and each seed draw what eager ones and
-a single-seed run draw.
+eval mode; evaluation acts with the actor only. The masks are named noise: ``dropout_q`` and
+``dropout_target`` per update, ``dropout_actor`` per update with an actor step (every
+``policy_delay``-th), each one standard normal ``z`` per (batch row, critic, hidden unit) ``[B, M,
+Σ hidden]``; a unit is kept where ``Φ(z) ≥ p`` (probability ``1 − p``) and scaled by ``1/(1 − p)``,
+so compiled updates and each seed draw what eager ones and a single-seed run draw.
 
 Run config: ``run_configs/droq.yaml`` (M = 2, p = 0.01, UTD 20).
 """
@@ -86,6 +86,7 @@ class DroQ(ActorCritic):
         super().__init__(obs_dim, act_dim, cfg, streams, device)
         self.widths, self.threshold = list(cfg.critic.hidden), keep_threshold(cfg.droq.dropout)
         self.draws.update(dict.fromkeys(MASKS, (BATCH, self.num_critics, sum(self.widths))))
+        self.drawn_with["dropout_actor"] = "actor"
 
     @classmethod
     def critic_network(cls, members: int, obs_dim: int, act_dim: int, cfg: Any,

@@ -5,7 +5,8 @@ config section with the regularizer specs, members per seed, the network's input
 optional target network), and its update as a list of **steps** (:class:`NetStep`: the network, its
 loss as a function of the batch and noise, and an optional ``after()`` such as a Polyak step), and
 what it draws (:attr:`Engine.draws`: named shapes of standard normals, drawn for every update
-from each seed's ``sample`` stream).
+from each seed's ``sample`` stream, or only for the updates that step the one network that reads
+them, :attr:`Engine.drawn_with`).
 :class:`Engine` runs every update, for every agent, as
 
     loss → penalties → gradient → optimizer step → the network's projection → the network's
@@ -156,6 +157,9 @@ class Engine(nn.Module):
         #: what one update (and one diagnostics probe) draws per seed, by name, in this order:
         #: shapes of standard normals, :data:`~sac_spectral.agents.steps.BATCH` for the batch axis
         self.draws: Draws = {}
+        #: draws that only one network's step reads, by name → that network: an update draws them only
+        #: where its steps include that network's (DroQ's actor masks at ``policy_delay`` > 1)
+        self.drawn_with: dict[str, str] = {}
 
     def _train(self, table: dict[str, Trained], precision: str) -> None:
         """Train the networks of ``table``: their regularizers, the precision (bf16 copies of every
@@ -237,16 +241,25 @@ class Engine(nn.Module):
         return dict(self.last_metrics)
 
     def draw_noise(self, count: int, batch_size: int) -> Noise:
-        """The named noise of ``count`` updates on ``batch_size`` transitions, each ``[count, N,
-        *shape]`` in :func:`row_major` strides: from each seed's ``sample`` stream, update after
-        update, and within one the names of :attr:`draws` one after another."""
+        """The named noise of updates ``num_updates + 1 …  + count`` on ``batch_size`` transitions, each
+        ``[count, N, *shape]`` in :func:`row_major` strides, from each seed's ``sample`` stream: first
+        every update's :attr:`draws` (update after update, within one the names one after another),
+        then, for each name of :attr:`drawn_with`, its draws for the updates with a step of its
+        network, one after another (zeros in the rows of the other updates, which never read them)."""
         shapes, gens = draw_shapes(self.draws, batch_size), self.streams["sample"]
-        noise = {name: torch.empty(count, len(gens), *shape, device=self.streams.device)
+        always = {name: shape for name, shape in shapes.items() if name not in self.drawn_with}
+        rows = {name: [r for r in range(count) if any(s.net == net for s in self.steps(self.num_updates + 1 + r))]
+                for name, net in self.drawn_with.items()}
+        noise = {name: (torch.zeros if name in rows else torch.empty)(count, len(gens), *shape,
+                                                                     device=self.streams.device)
                  for name, shape in shapes.items()}
         for i, g in enumerate(gens):  # each seed's draws written straight into their row: one copy
-            flat = torch.randn((count, draw_size(shapes)), generator=g, device=g.device)
-            for name, part in split_draws(flat, shapes).items():
+            flat = torch.randn((count, draw_size(always)), generator=g, device=g.device)
+            for name, part in split_draws(flat, always).items():
                 noise[name][:, i] = part
+            for name, r in rows.items():
+                if r:
+                    noise[name][r, i] = torch.randn((len(r), *shapes[name]), generator=g, device=g.device)
         return noise
 
     def train_steps(self, buffer: ReplayBuffer, count: int, batch_size: int,
