@@ -327,11 +327,27 @@ def test_priming_predictors_pair_each_seed_with_its_final_score_and_rank_correla
             {"seeds": seeds, "priming": {"before": after, "after": after}}))
     study = results.load([str(tmp_path / "runs")])
     pairs = results.priming_predictors(study)
-    assert sorted(zip(*pairs["grad_rank/critic/erank"])) == [(1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (4.0, 0.4), (5.0, 0.5)]
+    assert sorted(zip(*pairs["grad_rank/critic/erank"])) == [
+        (1.0, 0.1, "critic.lr=0.001"), (2.0, 0.2, "critic.lr=0.0003"), (3.0, 0.3, "critic.lr=0.001"),
+        (4.0, 0.4, "critic.lr=0.0003"), (5.0, 0.5, "critic.lr=0.0003")]
     assert run_cli(report.main, [str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
     corr = json.loads((tmp_path / "rep" / "report.json").read_text())["priming_correlation"]
     assert corr["grad_rank/critic/erank"]["rho"] == pytest.approx(1.0) and corr["grad_rank/critic/erank"]["runs"] == 5
+    assert corr["grad_rank/critic/erank"]["rho_within"] == pytest.approx(1.0)
     assert corr["churn/critic"]["rho"] == pytest.approx(-1.0)
+
+
+def test_within_a_method_a_correlation_made_by_the_methods_difference_vanishes():
+    """Two methods that differ in both the diagnostic and the score, with no relation inside either:
+    pooled, ρ is strongly positive; within a method it is what the seeds show (here −1)."""
+    xs = [1.0, 2.0, 3.0, 11.0, 12.0, 13.0]
+    ys = [3.0, 2.0, 1.0, 13.0, 12.0, 11.0]
+    groups = ["a"] * 3 + ["b"] * 3
+    _, out = results.correlation_table({"d": (xs, ys, groups)}, "caption", "runs", "runs")
+    assert out["d"]["rho"] > 0.5
+    assert out["d"]["rho_within"] == pytest.approx(-1.0)
+    assert results.within_methods([1.0, 3.0, 7.0], ["a", "a", "b"]).tolist()[:2] == [-1.0, 1.0]
+    assert np.isnan(results.within_methods([1.0, 3.0, 7.0], ["a", "a", "b"])[2])  # a method with one value
 
 
 def test_report_errors_are_one_line(tmp_path, capsys):

@@ -237,10 +237,23 @@ def headline_diagnostics(diagnostics: dict[str, list[float]]) -> dict[str, list[
     return values
 
 
-def priming_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]]:
+#: per diagnostic: its values, the scores paired with them, and each pair's method
+Pairs = dict[str, tuple[list[float], list[float], list[str]]]
+
+
+def add_pair(out: Pairs, key: str, value: float, score: float, method: str) -> None:
+    """Append one (value, score, method) to ``out[key]``."""
+    xs, ys, groups = out.setdefault(key, ([], [], []))
+    xs.append(value)
+    ys.append(score)
+    groups.append(method)
+
+
+def priming_predictors(study: Study) -> Pairs:
     """Per diagnostic (:func:`headline_diagnostics`), the pairs (its value after heavy priming, the
-    seed's final score) over every seed of every run that has priming diagnostics."""
-    out: dict[str, tuple[list[float], list[float]]] = {}
+    seed's final score), with the run's method, over every seed of every run that has priming
+    diagnostics."""
+    out: Pairs = {}
     summaries: dict[Path, dict[str, Any]] = {}
     for c in study.curves:
         if c.run not in summaries:
@@ -252,27 +265,49 @@ def priming_predictors(study: Study) -> dict[str, tuple[list[float], list[float]
             continue
         for key, values in headline_diagnostics(after).items():
             if len(values) == len(seeds) and np.isfinite(values[seeds.index(c.seed)]):
-                xs, ys = out.setdefault(key, ([], []))
-                xs.append(float(values[seeds.index(c.seed)]))
-                ys.append(float(c.y[-1]))
+                add_pair(out, key, float(values[seeds.index(c.seed)]), float(c.y[-1]), c.method)
     return out
 
 
-def correlation_table(pairs: dict[str, tuple[list[float], list[float]]], caption: str, count: str,
-                      key: str) -> tuple[list[str], dict[str, dict[str, float]]]:
-    """Spearman's rank correlation of each diagnostic's values with the scores paired with them
-    (``pairs``: diagnostic → (values, scores); three pairs at least): the markdown lines under
-    ``caption``, the pairs counted in a column ``count``, and per diagnostic ``{rho, p, key: n}``."""
+def within_methods(values: list[float], groups: list[str]) -> np.ndarray:
+    """``values`` less their method's mean (the methods with one value only dropped: NaN)."""
+    x, g = np.asarray(values, dtype=float), np.asarray(groups)
+    out = np.full_like(x, np.nan)
+    for m in set(groups):
+        if (g == m).sum() > 1:
+            out[g == m] = x[g == m] - x[g == m].mean()
+    return out
+
+
+def _spearman(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
     from scipy.stats import spearmanr
 
-    lines = ["", caption, "", f"| diagnostic | ρ | p | {count} |", "|---|---|---|---|"]
+    keep = np.isfinite(xs) & np.isfinite(ys)
+    xs, ys = xs[keep], ys[keep]
+    if len(xs) < 3 or np.ptp(xs) == 0 or np.ptp(ys) == 0:
+        return float("nan"), float("nan")
+    rho, p = spearmanr(xs, ys)
+    return float(rho), float(p)
+
+
+def correlation_table(pairs: Pairs, caption: str, count: str,
+                      key: str) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """Spearman's rank correlation of each diagnostic's values with the scores paired with them
+    (``pairs``; three pairs at least), pooled and within the methods (each method's mean taken out of
+    the values and of the scores, so that a difference between methods in both does not count): the
+    markdown lines under ``caption``, the pairs counted in a column ``count``, and per diagnostic
+    ``{rho, p, rho_within, p_within, key: n}``."""
+    lines = ["", caption, "", f"| diagnostic | ρ | p | ρ within a method | p | {count} |", "|---|---|---|---|---|---|"]
     out = {}
-    for name, (xs, ys) in pairs.items():
+    for name, (xs, ys, groups) in pairs.items():
         if len(xs) < 3:
             continue
-        rho, p = spearmanr(xs, ys) if np.ptp(xs) > 0 and np.ptp(ys) > 0 else (float("nan"), float("nan"))
-        lines.append(f"| `{name}` | {rho:.2f} | {p:.2g} | {len(xs)} |")
-        out[name] = {"rho": float(rho), "p": float(p), key: len(xs)}
+        rho, p = _spearman(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+        within, p_within = _spearman(within_methods(xs, groups), within_methods(ys, groups))
+        lines.append(f"| `{name}` | {rho:.2f} | {p:.2g} | {within:.2f} | {p_within:.2g} | {len(xs)} |")
+        out[name] = {"rho": rho, "p": p, "rho_within": within, "p_within": p_within, key: len(xs)}
+    lines += ["", "ρ within a method: each method's mean taken out of the diagnostic and of the score, so that what "
+              "differs between the methods in both does not count."]
     return (lines, out) if out else ([], out)
 
 

@@ -15,7 +15,15 @@ import numpy as np
 from sac_spectral.runs.evals import read_evals
 from sac_spectral.runs.layout import CONFIG_FILE
 from sac_spectral.studies.figures import Stages, mark_stages, stages_width
-from sac_spectral.studies.results import Study, correlation_table, headline_diagnostics, read_mapping, read_summary
+from sac_spectral.studies.results import (
+    Pairs,
+    Study,
+    add_pair,
+    correlation_table,
+    headline_diagnostics,
+    read_mapping,
+    read_summary,
+)
 
 #: ``estimate(scores, func)``: point and 95 % interval per key of ``scores`` ([runs, 1] arrays)
 Estimate = Callable[[dict[str, np.ndarray], Callable[[np.ndarray], np.ndarray]], tuple[dict, dict]]
@@ -175,13 +183,13 @@ def _at_switch(run: Path, switch: dict[str, Any], previous: int, seeds: int) -> 
     return values
 
 
-def switch_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]]:
+def switch_predictors(study: Study) -> Pairs:
     """Per measure at a switch (:func:`_at_switch`), the pairs (its value at the switch, the next
     stage's return at that stage's end, scaled) over every seed and switch of every sequence run
     whose switches keep its networks (``on_switch.reset: none``: a switch that re-draws them
     discards the networks its measures describe)."""
-    out: dict[str, tuple[list[float], list[float]]] = {}
-    for run in dict.fromkeys(c.run for c in study.curves):
+    out: Pairs = {}
+    for run, method in dict.fromkeys((c.run, c.method) for c in study.curves):
         summary = read_summary(run)
         seq, config = summary.get("continual"), read_mapping(run / CONFIG_FILE)
         if not seq or (config.get("on_switch") or {}).get("reset", "none") != "none":
@@ -200,9 +208,7 @@ def switch_predictors(study: Study) -> dict[str, tuple[list[float], list[float]]
                 for seed, value in zip(summary["seeds"], values):
                     y = ends.get((seq["stages"][stage], int(seed), end))
                     if y is not None and np.isfinite(value):
-                        xs, ys = out.setdefault(key, ([], []))
-                        xs.append(float(value))
-                        ys.append(y)
+                        add_pair(out, key, float(value), y, method)
     return out
 
 
