@@ -112,6 +112,23 @@ def test_projected_targets_keep_their_mass_in_float32_on_any_support(projection,
         assert (m.sum(-1) - 1).abs().max() < 1e-6
 
 
+@pytest.mark.parametrize("projection", ["two_hot", "hl_gauss"])
+def test_a_non_finite_atom_gives_a_nan_target_or_the_support_end_never_an_error(projection):
+    """A NaN atom (a diverged critic or log π) makes its example's target NaN, so the run's
+    non-finite check sees it; ±inf atoms land on the support's ends with their mass; the other
+    examples are untouched."""
+    head = CategoricalHead(11, -5.0, 5.0, projection, 0.75)
+    y = torch.linspace(-4.0, 4.0, 11).expand(3, 11).clone()
+    y[0, 4], y[1, 2], y[1, 3] = float("nan"), float("inf"), -float("inf")
+    p = torch.full((3, 11), 1 / 11)
+    m = head.target(y, p)
+    assert m[0].isnan().any() and not m[1:].isnan().any()
+    assert (m[1].sum() - 1).abs() < 1e-6
+    if projection == "two_hot":  # HL-Gauss spreads the end atoms' mass over their neighbours too
+        assert m[1, 0] >= 1 / 11 - 1e-6 and m[1, -1] >= 1 / 11 - 1e-6
+    torch.testing.assert_close(m[2], head.target(y[2:], p[2:])[0])
+
+
 BF16 = [("sac", "mlp"), ("sac", "simbav2"), ("crossq", "mlp")]
 
 
