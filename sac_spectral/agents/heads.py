@@ -107,8 +107,9 @@ class CategoricalHead:
         values, weights = full(values), full(weights)
         b = ((values - self.v_min) / self.delta).clamp(0, self.width - 1)  # y clipped, in bins
         if self.projection == "two_hot":  # φ is non-zero on two bins only: scatter, not a K × K kernel
-            lower = b.nan_to_num(0.0).floor().clamp(max=self.width - 2)  # a NaN atom: its target NaN, not
-            frac = b - lower  # an index out of range, so the run's non-finite check sees it
+            # a NaN atom gets a valid index and a NaN mass, so the run's non-finite check sees it
+            lower = b.nan_to_num(0.0).floor().clamp(max=self.width - 2)
+            frac = b - lower
             index = lower.long()
             m = weights.new_zeros(*weights.shape[:-1], self.width).scatter_add(-1, index, weights * (1 - frac))
             return m.scatter_add(-1, index + 1, weights * frac)
