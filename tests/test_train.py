@@ -341,6 +341,28 @@ def test_priming_runs_its_updates_logs_them_and_resumes_mid_priming_exactly(tmp_
     _assert_same_state(_params(straight), _params(split))
 
 
+@pytest.mark.slow
+def test_a_stop_in_the_last_priming_chunk_keeps_the_diagnostics_after_priming(tmp_path):
+    from sac_spectral.apps.rl.train import TrainConfig, Trainer
+    from sac_spectral.core.config import load_config
+    from sac_spectral.runs.run import Run
+
+    common = FAST + ["random_steps=150", "priming.transitions=150", "priming.updates=300", "total_steps=200",
+                     "diagnostics.every=1000", "diagnostics.batch_size=32"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run(common + [f"run_dir={straight}"]) == 0
+    trainer = Trainer(load_config(TrainConfig, overrides=common + [f"run_dir={split}"]))
+    trainer.open_new()
+    stop = _StopWhen(lambda: trainer.primed >= 300)
+    assert Run("sac_spectral.train", trainer, stop).execute() == 128 + signal.SIGINT
+    state = load_checkpoint(split / CHECKPOINT)
+    assert state["primed"] == 300 and "after" in state["priming_report"]
+    assert run(["--resume", split]) == 0
+    after = {d: json.loads((d / "summary.json").read_text())["priming"]["after"] for d in (straight, split)}
+    key = "grad_rank/critic/erank"
+    assert after[split][key] == pytest.approx(after[straight][key], rel=1e-4)
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [

@@ -354,12 +354,14 @@ class Priming:
             t.logger.scalars({f"priming/{k}": v for k, v in {**info, **t.agent.metrics(), **measured}.items()},
                              t.primed)
             t.bar.set_postfix({**t.postfix, "priming": f"{t.primed}/{total}"})
-            self.run_.check_stop()
-            if t.primed % PRIMING_CHECKPOINT == 0 and t.primed < total:
-                self.run_.checkpoint()
+            if t.primed < total:  # a stop after the last chunk waits for the diagnostics after priming
+                self.run_.check_stop()
+                if t.primed % PRIMING_CHECKPOINT == 0:
+                    self.run_.checkpoint()
         if cfg.diagnostics.every:
             after = {k: v.tolist() for k, v in measured.items()}
             t.priming_report["after"] = {**t.diagnose("priming/after/"), **after}
+        self.run_.check_stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
