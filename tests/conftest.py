@@ -176,6 +176,15 @@ def reference_policy(actor: list, obs: torch.Tensor, noise: torch.Tensor, cfg) -
 
 
 @pytest.fixture
+def bf16_configs(monkeypatch):
+    """``precision=bf16`` run configs validate on any CPU: without native bf16 matmuls torch emulates
+    them (slower, the same rounding), and the refusal a user gets there is tested on its own."""
+    from sac_spectral.apps.rl import config as run_config
+
+    monkeypatch.setattr(run_config, "cpu_bf16", lambda: True)
+
+
+@pytest.fixture
 def float64():
     """Tensors in float64 for the test (the default dtype restored after it)."""
     previous = torch.get_default_dtype()

