@@ -32,7 +32,7 @@ ReLU MLPs, two critics, batch 256, fp32, Adam 3e-4 (:mod:`benchmarks.jax_sac` is
    both sides with their default thread count, the busy loop running from before they start: ours
    chooses as a run with ``threads=0`` does at its start (the cores other processes left idle),
    JAX uses every core.
-3. Spectral overhead (1x1): ours with ``run_configs/default.yaml``'s regularizers against ours
+3. Spectral overhead (1x1): ours with ``run_configs/spectral.yaml``'s regularizers against ours
    plain, timed in the same rounds.
 
 4. Blocks (``--compile --block B``): ours with ``compile_block=B`` (B updates per program call)
@@ -112,17 +112,13 @@ def ours_worker(args: argparse.Namespace) -> None:
     import sac_spectral  # noqa: F401, I001  first: the project's OpenMP spin-wait, before torch loads libgomp
     import torch
 
-    from sac_spectral.apps.rl.config import DEFAULT_REGULARIZERS
     from benchmarks.common import build, sac_config, time_updates
     from benchmarks.matmul_split import torch_matmuls
     from sac_spectral.core.threads import choose_threads
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = sac_config(compile=args.compile, compile_block=args.block)
-    if args.side == "ours-spectral":
-        cfg.actor.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
-        cfg.critic.regularizers = [dict(r) for r in DEFAULT_REGULARIZERS]
+    cfg = sac_config(spectral=args.side == "ours-spectral", compile=args.compile, compile_block=args.block)
     agent, buf = build(cfg, args.seeds)
     time_updates(agent, buf, BATCH, args.updates)
     if not args.threads:  # as a run with threads=0 chooses at its start: the cores left idle since import
@@ -209,7 +205,7 @@ class Worker:
 # ----------------------------------------------------------------------------- timing
 def run_config(name: str, args: argparse.Namespace) -> dict[str, list[float]]:
     """Seconds per update of each side, one sample per round, over ``args.processes`` fresh sets of
-    workers (``spectral``: ours with the default regularizers, 1x1 only)."""
+    workers (``spectral``: ours with the paper's spectral regularizers, 1x1 only)."""
     sides = {"ours": "ours", "jax": "jax"} | ({"spectral": "ours-spectral"} if name == "1x1" else {})
     samples: dict[str, list[float]] = {k: [] for k in [*sides, "scan"] + (["ours-mm", "jax-mm"] if args.split else [])}
     for i in range(args.processes):
@@ -262,7 +258,7 @@ def report(name: str, s: dict[str, list[float]]) -> tuple[float, float]:
     print(f"  jax lax.scan (one call per block): {ms['scan']:.3f} ms  ours/jax-scan {scan_ratio:.2f}")
     if "spectral" in s:
         overhead = statistics.median(p / o for p, o in zip(s["spectral"], s["ours"], strict=True)) - 1
-        print(f"  spectral overhead: {overhead * 100:+.0f} % (ours with the default regularizers {ms['spectral']:.3f} "
+        print(f"  spectral overhead: {overhead * 100:+.0f} % (ours with the spectral regularizers {ms['spectral']:.3f} "
               "ms)")
     if "ours-mm" in s:
         print(f"  matmuls in the update: ours {ms['ours-mm']:.3f} ms  jax {ms['jax-mm']:.3f} ms  ours/jax "

@@ -61,7 +61,6 @@ def test_help_lists_every_key_with_default():
                 "eval_episodes", "run_dir", "device", "actor.regularizers", "critic.regularizers", "resets.every"):
         assert f"  {key} " in text
     assert "default: dmc:cheetah-run" in text
-    assert "[{coef: 0.0001, k: 2, name: spectral}]" in text  # the runner's own default, not NetConfig's
 
 
 def test_at_least_names_the_first_key_below_the_minimum():

@@ -183,20 +183,22 @@ def test_compiled_equals_eager_for_the_spectral_options(options):
 def test_an_agent_state_of_the_earlier_layout_loads_and_trains_on_as_it_did(name):
     """``data/agent_state_v1.pt``: SAC's and TD3's state in the layout before the engine (one key per
     network's optimizer and regularizers, TD3's last actor loss apart; 8-8 networks, a spectral
-    penalty and shrink & perturb on the critic, after 3 updates), the batch and noise of a 4th
+    penalty and shrink & perturb on the critic, the paper's spectral penalty on the actor, after 3
+    updates), the batch and noise of a 4th
     update and what that update gave then. Loaded now, the same update gives the same networks."""
     saved = torch.load(Path(__file__).parent / "data" / "agent_state_v1.pt", weights_only=False)[name]
     cfg = TrainConfig(agent=name)
     cfg.actor.hidden = cfg.critic.hidden = [8, 8]
     cfg.critic.regularizers = [{"name": "spectral", "coef": 1e-2}, {"name": "shrink_perturb", "every": 2}]
+    cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-4, "k": 2}]
     agent = {"sac": SAC, "td3": TD3}[name](3, 1, cfg, SeedStreams([0]))
     agent.load_full_state_dict(saved["state"])
     assert agent.num_updates == 3
     info = agent.update(saved["batch"], named_noise(agent, saved["noise"]))
     for key, value in saved["after"].items():
         torch.testing.assert_close(agent.state_dict()[key], value, rtol=0, atol=1e-7)
-    for key, value in saved["info"].items():
-        torch.testing.assert_close(info[key], value, rtol=0, atol=1e-6)
+    for key, value in saved["info"].items():  # float32 losses: a few ulps apart across CPUs' vector widths
+        torch.testing.assert_close(info[key], value, rtol=1e-6, atol=1e-6)
 
 
 def test_an_update_draws_its_names_from_each_seeds_stream_in_the_declared_order():
@@ -220,13 +222,15 @@ def test_an_update_draws_its_names_from_each_seeds_stream_in_the_declared_order(
 @pytest.mark.slow
 @pytest.mark.usefixtures("float64")
 def test_compiled_residual_networks_with_the_spectral_penalty_equal_eager():
-    """TD3 with a SimBa actor and a BroNet critic under the default spectral regularizers (their
+    """TD3 with a SimBa actor and a BroNet critic under the paper's spectral regularizers (their
     LayerNorm gains pulled toward 1, the residual streams' weights toward σ_max 1): compiled, with
     compile_block=2, equals eager. Inductor's CPU outer-loop fusion crashed compiling these."""
     def config(**kw) -> TrainConfig:
         cfg = TrainConfig(agent="td3", **kw)
         cfg.actor.arch, cfg.critic.arch = "simba", "bronet"
         cfg.actor.hidden = cfg.critic.hidden = [16, 16]
+        cfg.actor.regularizers = [{"name": "spectral", "coef": 1e-4, "k": 2}]
+        cfg.critic.regularizers = [{"name": "spectral", "coef": 1e-4, "k": 2}]
         return cfg
 
     eager, eager_infos, _ = _train(TD3, config(), calls=2, count=2)

@@ -235,7 +235,9 @@ def test_run_names_carry_the_head():
     assert run_tag(from_dict(TrainConfig, {"critic": {"head": "quantile", "regularizers": []}, "actor": {
         "regularizers": []}})) == "sac+quantile"
     bronet = {"head": "categorical", "arch": "bronet", "hidden": [8, 8]}
-    assert run_tag(from_dict(TrainConfig, {"agent": "td3", "critic": bronet})) == "td3+spectral+bronet+categorical"
+    spectral = {**bronet, "regularizers": [{"name": "spectral"}]}
+    assert run_tag(from_dict(TrainConfig, {"agent": "td3", "critic": bronet})) == "td3+bronet+categorical"
+    assert run_tag(from_dict(TrainConfig, {"agent": "td3", "critic": spectral})) == "td3+spectral+bronet+categorical"
 
 
 @pytest.mark.parametrize("head", ["categorical", "quantile"])

@@ -116,7 +116,7 @@ def test_rows_start_on_the_sphere_and_views_regularizers_and_resets_see_every_la
 def _simbav2_config(**kw) -> TrainConfig:
     cfg = TrainConfig(**kw)
     for net in (cfg.actor, cfg.critic):
-        net.arch, net.hidden = "simbav2", [16, 16]
+        net.arch, net.hidden, net.regularizers = "simbav2", [16, 16], [{"name": "spectral", "coef": 1e-4, "k": 2}]
     return cfg
 
 
@@ -143,7 +143,7 @@ def test_every_weight_row_is_back_on_the_sphere_after_each_step(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.usefixtures("float64")
 def test_compiled_simbav2_equals_eager_and_keeps_its_rows_on_the_sphere():
-    """SAC with SimbaV2 actor and critic and the default spectral regularizers: the projection is
+    """SAC with SimbaV2 actor and critic and the paper's spectral regularizers: the projection is
     inside the compiled program, and compiled updates equal eager ones."""
     eager, eager_infos, _ = _train(SAC, _simbav2_config(), calls=2, count=2)
     comp, comp_infos, _ = _train(SAC, _simbav2_config(compile=True), calls=2, count=2)

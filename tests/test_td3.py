@@ -168,7 +168,7 @@ def test_what_a_run_would_silently_never_do_is_said_and_its_directory_names_its_
                           "threads=1",
                           "actor.regularizers=[{name: plasticity_injection, at_step: 500}]"]) == 0
     (summary,) = (tmp_path / "runs").glob("*/summary.json")
-    assert "__td3+spectral+plasticity_injection+bronet__" in summary.parent.name
+    assert "__td3+plasticity_injection+bronet__" in summary.parent.name
     warnings = json.loads(summary.read_text())["warnings"]
     assert any("td3.policy_delay=1000000000000 exceeds the run's 20 updates: the actor never trains" in w
                for w in warnings)

@@ -22,7 +22,6 @@ from sac_spectral.core.precision import BF16_FLAGS, cpu_bf16
 from sac_spectral.envs.make import reward_bound
 from sac_spectral.envs.tasks import MAX_STAGES, Task, TaskError, TaskSequence, parse_tasks
 
-DEFAULT_REGULARIZERS = [{"name": "spectral", "coef": 1e-4, "k": 2}]
 RESET_CHOICES = ("all", "last_layers")
 RESET_NETWORKS = ("actor", "critic")
 MAX_SEED = 2**31 - 1  # env seeds go through numpy's and MuJoCo's 32-bit seeding
@@ -149,8 +148,8 @@ class TrainConfig(SACConfig):
     priming: PrimingConfig = section(PrimingConfig, "heavy priming: many updates on the first transitions")
     diagnostics: DiagnosticsConfig = section(DiagnosticsConfig,
                                              "gradient-rank, spectra, feature and dormant diagnostics")
-    actor: ActorConfig = section(lambda: ActorConfig(regularizers=list(DEFAULT_REGULARIZERS)), "policy network")
-    critic: CriticConfig = section(lambda: CriticConfig(regularizers=list(DEFAULT_REGULARIZERS)), "Q-networks")
+    actor: ActorConfig = section(ActorConfig, "policy network")
+    critic: CriticConfig = section(CriticConfig, "Q-networks")
 
     def validate(self) -> None:
         super().validate()
