@@ -116,7 +116,7 @@ def test_rows_start_on_the_sphere_and_views_regularizers_and_resets_see_every_la
 def _simbav2_config(**kw) -> TrainConfig:
     cfg = TrainConfig(**kw)
     for net in (cfg.actor, cfg.critic):
-        net.arch, net.hidden, net.regularizers = "simbav2", [16, 16], [{"name": "spectral", "coef": 1e-4, "k": 2}]
+        net.arch, net.hidden, net.regularizers = "simbav2", [16, 16], [{"name": "spectral"}]
     return cfg
 
 

@@ -150,10 +150,8 @@ def test_auto_compiles_a_shorter_run_whose_programs_an_earlier_run_left_in_the_c
     assert compiled is False and "after which a compile from the cache has paid for itself" in why
 
 
-def test_the_program_key_ignores_run_options_and_follows_what_shapes_the_update(monkeypatch):
-    from sac_spectral.apps.rl import config as run_config
-
-    monkeypatch.setattr(run_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
+@pytest.mark.usefixtures("bf16_configs")
+def test_the_program_key_ignores_run_options_and_follows_what_shapes_the_update():
     base = program_key(TrainConfig(), 17, 6)
     same = load_config(TrainConfig, overrides=["seed=3", "total_steps=5000", "eval_episodes=1", "run_dir=x",
                                                "env=dmc:walker-run", "priming.updates=10",
