@@ -337,15 +337,12 @@ def test_the_priming_toolbox_sweeps_resolve_every_arm_on_the_shared_protocol():
     assert s.base == a.base == spec.load_sweep(str(ROOT / "run_configs/sweeps/priming_cpu.yaml"), []).base
 
 
-def test_cost_model_measures_each_agent_config_once(monkeypatch):
+def test_cost_model_measures_each_agent_config_once(bf16_configs):
     """The dry run's cached update time is keyed on the resolved agent config: fp32 and bf16 (or
     compiled) trials are timed separately; trials that differ only in seed or length share one."""
-    import sac_spectral.apps.rl.config as run_config
     from sac_spectral.apps.rl.cost import estimate_cost, update_key
     from sac_spectral.apps.rl.train import TrainConfig
     from sac_spectral.studies.cost import CostModel
-
-    monkeypatch.setattr(run_config, "cpu_bf16", lambda: True)  # a bf16 config validates on any CPU
 
     small = ["env=dmc:cartpole-balance", "batch_size=8", "actor.hidden=[8]", "critic.hidden=[8]", "total_steps=50",
              "eval_every=0", "eval_episodes=1"]
