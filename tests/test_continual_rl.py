@@ -523,6 +523,10 @@ def test_a_run_measures_the_value_scale_at_every_switch_and_at_its_end_without_c
     at_switches = [np.median(s["q_scale"]["q_scale/normalized_bias"]) for s in summary["continual"]["switches"]]
     assert scale["stage_bias"] == pytest.approx(at_switches + [np.median(end["q_scale/normalized_bias"])])
     assert scale["bias"] == pytest.approx(end["q_scale/normalized_bias"])
+    text = (out / "report.md").read_text()
+    table = text[text.index("## The value scale"):].split("\n\n")[2].splitlines()
+    assert table[0].endswith("(Q − G) / G at the end of each stage, median |")
+    assert len({row.count("|") for row in table}) == 1  # the header, its rule and every row: the same columns
 
 
 def test_a_sequences_start_line_lists_its_stages():

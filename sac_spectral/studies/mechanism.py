@@ -166,7 +166,7 @@ def value_section(study: Study, seqs: Sequences, data: dict[str, Any]) -> list[s
              "|---|---|---|---|---|"]
     staged_bias = any(s["stage_bias"] for s in scale.values())
     if staged_bias:
-        lines[-2] = lines[-2][:-1] + " (Q − G) / G at the end of each stage, median |"
+        lines[-2] += " (Q − G) / G at the end of each stage, median |"
         lines[-1] += "---|"
     for method, s in scale.items():
         stage = " / ".join("—" if v is None else f"{v:.0f}" for v in s["stage_q"]) or "—"
